@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs every test: format check, clippy with warnings denied, unit and integration tests.
+# Installs what the tests need on a fresh machine (test data under ~/.cache/bloomery).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+export BLOOMERY_CACHE="${BLOOMERY_CACHE:-$HOME/.cache/bloomery}"
+scripts/fetch-test-data.sh >/dev/null
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+cargo test --all-targets

@@ -1,0 +1,1 @@
+//! Chat templates, reasoning and tool-call parsing (not built yet).

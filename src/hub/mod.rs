@@ -1,0 +1,1 @@
+//! `-hf` model pulls and the download cache shared with upstream (not built yet).

@@ -1,0 +1,1 @@
+//! Model files: the GGUF reader, ggml tensor types and architecture hyper-parameters.

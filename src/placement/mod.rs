@@ -1,0 +1,1 @@
+//! The planner: placement intent + model inventory + devices -> a plan (not built yet).

@@ -1,0 +1,1 @@
+//! llama.cpp's sampler chain and its parameters.
