@@ -87,13 +87,12 @@ impl Opt {
     pub fn spellings(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.names.iter().chain(self.negs.iter()).copied()
     }
-    /// The longest `--` spelling, used as the option's name in sources and warnings.
+    /// The first `--` spelling, used as the option's name in sources and warnings.
     pub fn long_name(&self) -> &'static str {
         self.names
             .iter()
             .copied()
-            .filter(|n| n.starts_with("--"))
-            .max_by_key(|n| n.len())
+            .find(|n| n.starts_with("--"))
             .unwrap_or(self.names[0])
     }
     /// Whether the option takes no value.
@@ -439,7 +438,7 @@ fn user_sampling(p: &mut Parsed, name: &str) {
     p.config.sampling.user_set.insert(name.to_string());
 }
 
-/// Built-in model presets: (hf repo, hf file, port, ubatch, batch, parallel, ctx per slot).
+/// A fill-in-the-middle model preset.
 struct Preset {
     repo: &'static str,
     file: &'static str,
