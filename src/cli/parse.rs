@@ -111,8 +111,8 @@ impl Parsed {
             .iter()
             .map(|n| {
                 format!(
-                    "warn: {} is accepted but {} is not built yet; it has no effect",
-                    n.option, n.feature
+                    "warn: not built yet: {}; {} has no effect",
+                    n.feature, n.option
                 )
             })
             .collect()
