@@ -137,7 +137,7 @@ pub struct PlacementIntent {
     pub devices: Sourced<DeviceChoice>,
     pub split_mode: Sourced<SplitMode>,
     pub main_gpu: Sourced<i32>,
-    /// Proportions per device; empty = by free memory.
+    /// Proportions per device; devices past the list get 0; all zero (or empty) = by free memory.
     pub tensor_split: Sourced<Vec<f32>>,
     pub n_gpu_layers: Sourced<GpuLayers>,
     pub cpu_moe: Sourced<bool>,
@@ -145,7 +145,8 @@ pub struct PlacementIntent {
     pub n_cpu_ffn: Sourced<u32>,
     pub override_tensor: Sourced<Vec<TensorOverride>>,
     pub fit: Sourced<bool>,
-    /// Free memory to leave per device, MiB; one value applies to every device.
+    /// Free memory to leave per device, MiB. A single value applies to every device; with
+    /// several, devices past the list keep 1024.
     pub fit_target_mib: Sourced<Vec<u64>>,
     /// Smallest context `--fit` may shrink to; `u32::MAX` once `-c 0` asked for the full context.
     pub fit_ctx: Sourced<u32>,

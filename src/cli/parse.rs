@@ -300,3 +300,52 @@ pub fn parse_process() -> Result<Parsed, Failure> {
     let args: Vec<String> = std::env::args().collect();
     parse(&args, &|name| std::env::var(name).ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Parsed {
+        let argv: Vec<String> = std::iter::once("bloomery-serve")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect();
+        parse(&argv, &|_| None).unwrap_or_else(|f| panic!("{args:?}: {}", f.message))
+    }
+
+    #[test]
+    fn escapes_apply_to_reverse_prompts_and_breakers_unless_disabled() {
+        let p = run(&["-r", r"a\nb", "--dry-sequence-breaker", r"\t"]);
+        assert_eq!(p.config.context.reverse_prompts, vec!["a\nb"]);
+        assert_eq!(p.config.sampling.dry_sequence_breakers, vec!["\t"]);
+        let p = run(&["--no-escape", "-r", r"a\nb"]);
+        assert_eq!(p.config.context.reverse_prompts, vec![r"a\nb"]);
+    }
+
+    #[test]
+    fn tools_narrow_cors_unless_origins_given() {
+        let p = run(&["--tools", "all"]);
+        assert_eq!(p.config.serve.cors_origins, "localhost");
+        assert_eq!(p.warnings.len(), 1);
+        let p = run(&["--tools", "all", "--cors-origins", "*"]);
+        assert_eq!(p.config.serve.cors_origins, "*");
+    }
+
+    #[test]
+    fn reasoning_kwargs() {
+        let p = run(&[]);
+        assert_eq!(p.config.chat.template_kwargs["preserve_reasoning"], "true");
+        let p = run(&[
+            "--no-reasoning-preserve",
+            "-rea",
+            "off",
+            "--reasoning-effort",
+            "high",
+        ]);
+        let kw = &p.config.chat.template_kwargs;
+        assert_eq!(kw["preserve_reasoning"], "false");
+        assert_eq!(kw["enable_thinking"], "false");
+        assert_eq!(kw["reasoning_effort"], "\"high\"");
+        assert_eq!(p.config.chat.reasoning, Some(false));
+    }
+}
