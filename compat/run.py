@@ -94,8 +94,11 @@ class Server:
 
 
 def normalize(v, key=None):
-    if key in VOLATILE:
+    # "id" is volatile as a response id (a string), not as a token id (an integer)
+    if key in VOLATILE and not (key == "id" and isinstance(v, int)):
         return f"<{type(v).__name__}>"
+    if isinstance(v, str):
+        return v.replace(str(CACHE), "$CACHE")
     if isinstance(v, dict):
         return {k: normalize(x, k) for k, x in sorted(v.items())}
     if isinstance(v, list):
