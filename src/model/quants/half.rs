@@ -1,5 +1,5 @@
 //! IEEE half (f16) and bfloat16 conversions, bit-identical to ggml's: round to nearest even,
-//! subnormals kept, NaN made quiet.
+//! subnormals kept, NaN made quiet (in both directions).
 
 /// Exact widening of an IEEE binary16 value.
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -12,7 +12,9 @@ pub fn f16_to_f32(h: u16) -> f32 {
             let v = mant as f32 * f32::from_bits(0x3380_0000);
             return if sign != 0 { -v } else { v };
         }
-        0x1f => sign | 0x7f80_0000 | (mant << 13),
+        0x1f if mant == 0 => sign | 0x7f80_0000,
+        // NaN comes out quiet, as ggml's conversion (a float multiply) makes it.
+        0x1f => sign | 0x7fc0_0000 | (mant << 13),
         _ => sign | ((exp + 112) << 23) | (mant << 13),
     };
     f32::from_bits(bits)
