@@ -253,9 +253,10 @@ pub(super) fn load(g: &GgufFile) -> Result<Vocab, TokenizerError> {
                     .as_str()
                     .ok_or_else(|| bad(K_MERGES, format!("entry {i} is not a string")))?;
                 // upstream splits at the first space after the first byte; no space: an empty pair
-                let key = match m.get(1..).and_then(|r| r.find(' ')) {
-                    Some(_) => m.to_string(),
-                    None => " ".to_string(),
+                let key = if m.bytes().skip(1).any(|b| b == b' ') {
+                    m.to_string()
+                } else {
+                    " ".to_string()
                 };
                 bpe_ranks.entry(key).or_insert(i as u32);
             }
