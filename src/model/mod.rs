@@ -1,1 +1,11 @@
-//! Model files: the GGUF reader, ggml tensor types and architecture hyper-parameters.
+//! Model files: the GGUF reader, ggml tensor types and architecture hyper-parameters. Knows
+//! nothing about HTTP or devices.
+
+pub mod error;
+pub mod gguf;
+pub mod quants;
+pub mod types;
+
+pub use error::ModelError;
+pub use gguf::{GgufFile, MetaValue, TensorInfo};
+pub use types::GgmlType;
