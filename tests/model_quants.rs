@@ -6,6 +6,7 @@ use bloomery::model::quants::{self, f32_to_f16};
 use bloomery::model::GgmlType;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 /// splitmix64: deterministic test data without a dependency.
 struct Rng(u64);
@@ -32,22 +33,39 @@ impl Rng {
 fn f16_fields(t: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match t {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
+        Q4_0 | Q5_0 | Q8_0 | Q1_0 | Q2_0 | Iq4Nl | Iq4Xs => &[0],
+        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S => &[0],
         Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
         Q2K => &[80, 82],
         Q3K => &[108],
         Q6K => &[208],
+        Tq1_0 => &[52],
+        Tq2_0 => &[64],
         _ => &[],
     }
 }
 
-/// Random weight blocks of `t` with small positive f16 scales.
+/// IQ1_M spreads its f16 super-scale over the top nibbles of its last four u16.
+fn set_iq1m_scale(blk: &mut [u8], h: u16) {
+    for i in 0..4 {
+        let at = 48 + 2 * i + 1;
+        blk[at] = (blk[at] & 0x0f) | ((((h >> (4 * i)) & 0xf) as u8) << 4);
+    }
+}
+
+/// Random weight blocks of `t` with small positive scales.
 fn random_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
     let mut b = rng.bytes(n_blocks * t.type_size());
     for blk in b.chunks_exact_mut(t.type_size()) {
         for &at in f16_fields(t) {
             let h = f32_to_f16(0.001 + 0.02 * rng.unit().abs());
             blk[at..at + 2].copy_from_slice(&h.to_le_bytes());
+        }
+        match t {
+            // E8M0 exponent near 2^-6.
+            GgmlType::Mxfp4 => blk[0] = 118 + (rng.next() % 6) as u8,
+            GgmlType::Iq1M => set_iq1m_scale(blk, f32_to_f16(0.001 + 0.02 * rng.unit().abs())),
+            _ => {}
         }
     }
     b
@@ -64,7 +82,25 @@ const BLOCK_TYPES: &[GgmlType] = &[
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
+    GgmlType::Mxfp4,
+    GgmlType::Nvfp4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
+
+/// Types the `gguf` package cannot dequantize (ggml-common.h has them, gguf-py does not yet).
+const NOT_IN_GGUF_PY: &[GgmlType] = &[GgmlType::Q1_0, GgmlType::Q2_0];
 
 #[test]
 fn reference_dot_matches_dequantize_then_dot() {
@@ -173,6 +209,15 @@ fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
         for &at in f16_fields(t) {
             make_finite(&mut blk[at + 1]);
         }
+        if t == GgmlType::Iq1M {
+            // The super-scale's exponent top bit is bit 14, in the last byte.
+            let d = (0..4).fold(0u16, |d, i| {
+                d | (((blk[49 + 2 * i] >> 4) as u16) << (4 * i))
+            });
+            if d & 0x7c00 == 0x7c00 {
+                blk[55] &= !0x40;
+            }
+        }
     }
     b
 }
@@ -192,6 +237,7 @@ fn dequantization_matches_gguf_py_bit_for_bit() {
     let types: Vec<GgmlType> = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16]
         .into_iter()
         .chain(BLOCK_TYPES.iter().copied())
+        .filter(|t| !NOT_IN_GGUF_PY.contains(t))
         .collect();
     let n_blocks = 97;
     let mut inputs = Vec::new();
@@ -220,4 +266,155 @@ fn dequantization_matches_gguf_py_bit_for_bit() {
         }
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// ggml's own C routines (scripts/ggml_oracle.c with the sdist's ggml-quants.c), built once into
+/// a temporary folder; or why they cannot be built here.
+fn ggml_oracle() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let gguf_py = gguf_py()?;
+            let ggml = gguf_py.parent().unwrap().join("ggml");
+            let dir =
+                std::env::temp_dir().join(format!("bloomery-ggml-oracle-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let exe = dir.join("ggml_oracle");
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ggml_oracle.c");
+            let out = Command::new("cc")
+                .args(["-O1", "-w", "-o"])
+                .arg(&exe)
+                .arg("-I")
+                .arg(ggml.join("include"))
+                .arg("-I")
+                .arg(ggml.join("src"))
+                .arg(script)
+                .arg(ggml.join("src/ggml-quants.c"))
+                .arg("-lm")
+                .output()
+                .map_err(|e| format!("no C compiler: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "building ggml_oracle failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(exe)
+        })
+        .clone()
+}
+
+fn run_ggml_oracle(exe: &Path, op: &str, t: GgmlType, input: &[u8]) -> Vec<u8> {
+    let dir = exe.parent().unwrap();
+    let (src, dst) = (
+        dir.join(format!("{op}-{t}.in")),
+        dir.join(format!("{op}-{t}.out")),
+    );
+    std::fs::write(&src, input).unwrap();
+    let out = Command::new(exe)
+        .args([op, t.name()])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ggml_oracle {op} {t}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&dst).unwrap()
+}
+
+#[test]
+fn dequantization_matches_ggml_c_bit_for_bit() {
+    let exe = match ggml_oracle() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let mut rng = Rng(13);
+    for &t in BLOCK_TYPES.iter().chain(&[GgmlType::Q8K]) {
+        let blocks = oracle_blocks(&mut rng, t, 64 * 256 / t.block_size().min(256));
+        let want = run_ggml_oracle(&exe, "dequant", t, &blocks);
+        let mut got = vec![0f32; blocks.len() / t.type_size() * t.block_size()];
+        quants::dequantize(t, &blocks, &mut got).unwrap();
+        assert_eq!(want.len(), 4 * got.len(), "{t}");
+        for (i, (g, w)) in got.iter().zip(want.chunks_exact(4)).enumerate() {
+            let w = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{t}: element {i} is {g}, ggml says {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn activation_quantizers_match_ggml_c_byte_for_byte() {
+    let exe = match ggml_oracle() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let mut rng = Rng(17);
+    let mut x: Vec<f32> = (0..256 * 40)
+        .map(|i| rng.unit() * [1e-3, 0.5, 7.0, 300.0][i / 2560])
+        .collect();
+    // Exact halves after scaling (amax 127 makes the scale 1), a zero block, ties for the
+    // signed maximum, and a block whose extreme is negative.
+    for (i, v) in x[..256].iter_mut().enumerate() {
+        *v = if i % 32 == 0 {
+            127.0
+        } else {
+            (i % 64) as f32 - 31.5
+        };
+    }
+    x[256..512].iter_mut().for_each(|v| *v = 0.0);
+    x[512] = -5.0;
+    x[513] = 5.0;
+    x[1024] = -9.0;
+    for t in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K] {
+        let input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let want = run_ggml_oracle(&exe, "quantize", t, &input);
+        let mut got = Vec::new();
+        quants::quantize_activations(t, &x, &mut got).unwrap();
+        assert_eq!(got.len(), want.len(), "{t}");
+        if let Some(at) = got.iter().zip(&want).position(|(g, w)| g != w) {
+            panic!(
+                "{t}: byte {at} (block {}) is {:#04x}, ggml wrote {:#04x}",
+                at / t.type_size(),
+                got[at],
+                want[at]
+            );
+        }
+    }
+}
+
+#[test]
+fn lookup_tables_are_current_with_ggml_common_h() {
+    let gguf_py = match gguf_py() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let header = gguf_py.parent().unwrap().join("ggml/src/ggml-common.h");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gen_quant_tables.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg("--check")
+        .arg(header)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -3,9 +3,14 @@
 //! fast kernels in `backend` are tested against: plain loops, no SIMD, no threads.
 
 mod activations;
+mod grouped;
 pub mod half;
+mod iquants;
 mod kquants;
 mod legacy;
+mod lowbit;
+#[rustfmt::skip]
+mod tables;
 
 pub use activations::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
 pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
@@ -47,7 +52,22 @@ fn kernels(t: GgmlType) -> Option<Kernels> {
         Q5K => kernels!(BlockK::q5_k),
         Q6K => kernels!(BlockK::q6_k),
         Q8K => kernels!(BlockK::q8_k),
-        _ => return None,
+        Iq2Xxs => kernels!(iquants::iq2_xxs),
+        Iq2Xs => kernels!(iquants::iq2_xs),
+        Iq2S => kernels!(iquants::iq2_s),
+        Iq3Xxs => kernels!(iquants::iq3_xxs),
+        Iq3S => kernels!(iquants::iq3_s),
+        Iq1S => kernels!(iquants::iq1_s),
+        Iq1M => kernels!(iquants::iq1_m),
+        Iq4Nl => kernels!(iquants::iq4_nl),
+        Iq4Xs => kernels!(iquants::iq4_xs),
+        Tq1_0 => kernels!(lowbit::tq1_0),
+        Tq2_0 => kernels!(lowbit::tq2_0),
+        Q1_0 => kernels!(lowbit::q1_0),
+        Q2_0 => kernels!(lowbit::q2_0),
+        Mxfp4 => kernels!(lowbit::mxfp4),
+        Nvfp4 => kernels!(lowbit::nvfp4),
+        F32 | F16 | Bf16 | I8 | I16 | I32 | I64 | F64 => return None,
     })
 }
 
