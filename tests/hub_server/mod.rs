@@ -3,6 +3,9 @@
 //! `<repo>/resolve/<commit>/<path>` with ETag and byte ranges), with faults on demand: error
 //! statuses, transfers cut short, corrupted bytes, gated repos.
 
+// Each test crate including this module uses a different part of it.
+#![allow(dead_code)]
+
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
