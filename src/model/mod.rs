@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod gguf;
+pub mod quants;
 pub mod types;
 
 pub use error::ModelError;
