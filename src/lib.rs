@@ -13,4 +13,5 @@ pub mod model;
 pub mod placement;
 pub mod sampling;
 pub mod server;
+pub mod service;
 pub mod tokenizer;

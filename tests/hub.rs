@@ -318,8 +318,13 @@ fn gated_repos_need_the_token() {
     req.token = Some(TOKEN.to_string());
     let got = hub::resolve_model(&req).unwrap();
     assert_eq!(got.model.len(), 1);
-    assert!(hub
-        .transfers()
+    let resolves: Vec<_> = hub
+        .seen()
+        .into_iter()
+        .filter(|s| s.target.contains("/resolve/"))
+        .collect();
+    assert!(!resolves.is_empty());
+    assert!(resolves
         .iter()
         .all(|s| s.auth.as_deref() == Some(&format!("Bearer {TOKEN}"))));
 }

@@ -38,6 +38,9 @@ fn agent() -> ureq::Agent {
         .http_status_as_error(false)
         .user_agent(concat!("bloomery/", env!("CARGO_PKG_VERSION")))
         .timeout_connect(Some(Duration::from_secs(30)))
+        // The hub answers resolve URLs with a redirect to its storage; the token must not follow
+        // to another host, but does follow a same-host redirect (a renamed repo).
+        .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
         .build()
         .into()
 }

@@ -3,6 +3,9 @@
 //! `<repo>/resolve/<commit>/<path>` with ETag and byte ranges), with faults on demand: error
 //! statuses, transfers cut short, corrupted bytes, gated repos.
 
+// Each test crate including this module uses a different part of it.
+#![allow(dead_code)]
+
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -135,11 +138,11 @@ impl LocalHub {
         self.state.lock().unwrap().seen.clone()
     }
 
-    /// File transfers (GET of a resolve URL) seen so far.
+    /// File transfers seen so far: GETs of the LFS store (where resolve URLs redirect).
     pub fn transfers(&self) -> Vec<Seen> {
         self.seen()
             .into_iter()
-            .filter(|s| s.method == "GET" && s.target.contains("/resolve/"))
+            .filter(|s| s.method == "GET" && s.target.starts_with("/cdn/"))
             .collect()
     }
 }
@@ -163,6 +166,7 @@ fn respond(
     let reason = match status {
         200 => "OK",
         206 => "Partial Content",
+        302 => "Found",
         401 => "Unauthorized",
         404 => "Not Found",
         416 => "Range Not Satisfiable",
@@ -242,6 +246,23 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) {
     }
 
     let path = target.split('?').next().unwrap_or_default();
+    // The LFS store, where resolve URLs of LFS files redirect to (as the hub sends them to its
+    // CDN): no token needed, byte ranges served, faults applied.
+    if let Some(sha) = path.strip_prefix("/cdn/") {
+        let found = st
+            .repos
+            .iter()
+            .flat_map(|r| &r.files)
+            .find(|f| f.lfs && f.sha256() == sha)
+            .map(|f| (f.path.clone(), f.data.clone()));
+        return match found {
+            Some((file_path, data)) => serve_bytes(&mut stream, st, &file_path, data, &seen),
+            None => {
+                drop(st);
+                json_error(&mut stream, 404, "Not Found")
+            }
+        };
+    }
     let api = path.strip_prefix("/api/models/");
     let segments: Vec<&str> = api
         .unwrap_or(path.trim_start_matches('/'))
@@ -317,69 +338,88 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) {
         }
         (false, "resolve") => {
             let rest = segments.get(3).copied().unwrap_or_default();
-            let Some((commit, file_path)) = rest.split_once('/') else {
+            let file = rest.split_once('/').and_then(|(commit, file_path)| {
+                repo.files
+                    .iter()
+                    .find(|f| f.path == file_path && (commit == repo.commit || commit == "main"))
+            });
+            let Some(file) = file else {
                 drop(st);
                 return json_error(&mut stream, 404, "Entry not found");
             };
-            let Some(file) = repo
-                .files
-                .iter()
-                .find(|f| f.path == file_path && (commit == repo.commit || commit == "main"))
-            else {
+            if file.lfs {
+                let sha = file.sha256();
                 drop(st);
-                return json_error(&mut stream, 404, "Entry not found");
-            };
-            let mut data = file.data.clone();
-            let etag = format!("\"{}\"", file.sha256());
-            let matching = |k: &&String| file_path.ends_with(k.as_str());
-            let mut cut_at = None;
-            if !head_only {
-                if let Some(k) = st.faults.corrupt.keys().find(matching).cloned() {
-                    if take(st.faults.corrupt.get_mut(&k).unwrap()) && !data.is_empty() {
-                        let mid = data.len() / 2;
-                        data[mid] ^= 0xff;
-                    }
-                }
-                if let Some(k) = st.faults.cut.keys().find(matching).cloned() {
-                    let (left, at) = st.faults.cut.get_mut(&k).unwrap();
-                    let at = *at;
-                    if take(left) {
-                        cut_at = Some(at);
-                    }
-                }
+                let headers = [
+                    ("Location", format!("/cdn/{sha}")),
+                    ("ETag", format!("\"{sha}\"")),
+                    ("X-Linked-Etag", format!("\"{sha}\"")),
+                ];
+                return respond(&mut stream, 302, &headers, b"", head_only);
             }
-            drop(st);
-            let len = data.len();
-            let from = seen
-                .range
-                .as_deref()
-                .and_then(|r| r.strip_prefix("bytes="))
-                .and_then(|r| r.strip_suffix('-'))
-                .and_then(|n| n.parse::<usize>().ok());
-            let mut headers = vec![("ETag", etag), ("Accept-Ranges", "bytes".to_string())];
-            let (status, body) = match from {
-                Some(n) if n >= len => {
-                    headers.push(("Content-Range", format!("bytes */{len}")));
-                    return respond(&mut stream, 416, &headers, b"", head_only);
-                }
-                Some(n) => {
-                    headers.push(("Content-Range", format!("bytes {n}-{}/{len}", len - 1)));
-                    (206, &data[n..])
-                }
-                None => (200, &data[..]),
-            };
-            match cut_at {
-                Some(at) if at < body.len() => {
-                    headers.push(("Content-Length", body.len().to_string()));
-                    respond(&mut stream, status, &headers, &body[..at], false);
-                    let _ = stream.shutdown(std::net::Shutdown::Both);
-                }
-                _ => respond(&mut stream, status, &headers, body, head_only),
-            }
+            let (file_path, data) = (file.path.clone(), file.data.clone());
+            serve_bytes(&mut stream, st, &file_path, data, &seen);
         }
         _ => {
             drop(st);
             json_error(&mut stream, 404, "Not Found");
         }
+    }
+}
+
+/// Sends a file's bytes, honouring `Range: bytes=N-` and the faults set for it.
+fn serve_bytes(
+    stream: &mut TcpStream,
+    mut st: std::sync::MutexGuard<'_, State>,
+    file_path: &str,
+    mut data: Vec<u8>,
+    seen: &Seen,
+) {
+    let head_only = seen.method == "HEAD";
+    let etag = format!("\"{}\"", sha256_hex(&data));
+    let matching = |k: &&String| file_path.ends_with(k.as_str());
+    let mut cut_at = None;
+    if !head_only {
+        if let Some(k) = st.faults.corrupt.keys().find(matching).cloned() {
+            if take(st.faults.corrupt.get_mut(&k).unwrap()) && !data.is_empty() {
+                let mid = data.len() / 2;
+                data[mid] ^= 0xff;
+            }
+        }
+        if let Some(k) = st.faults.cut.keys().find(matching).cloned() {
+            let (left, at) = st.faults.cut.get_mut(&k).unwrap();
+            let at = *at;
+            if take(left) {
+                cut_at = Some(at);
+            }
+        }
+    }
+    drop(st);
+    let len = data.len();
+    let from = seen
+        .range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.strip_suffix('-'))
+        .and_then(|n| n.parse::<usize>().ok());
+    let mut headers = vec![("ETag", etag), ("Accept-Ranges", "bytes".to_string())];
+    let (status, body) = match from {
+        Some(n) if n >= len => {
+            headers.push(("Content-Range", format!("bytes */{len}")));
+            return respond(stream, 416, &headers, b"", head_only);
+        }
+        Some(n) => {
+            headers.push(("Content-Range", format!("bytes {n}-{}/{len}", len - 1)));
+            (206, &data[n..])
+        }
+        None => (200, &data[..]),
+    };
+    match cut_at {
+        Some(at) if at < body.len() => {
+            headers.push(("Content-Length", body.len().to_string()));
+            respond(stream, status, &headers, &body[..at], false);
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        _ => respond(stream, status, &headers, body, head_only),
     }
 }
