@@ -497,6 +497,10 @@ pub enum Grammar {
 pub struct SamplingDefaults {
     /// `u32::MAX` = a random seed per request.
     pub seed: u32,
+    /// Top probabilities returned per token; no option sets it, requests do.
+    pub n_probs: i32,
+    /// Candidates every sampler must leave; no option sets it, requests do.
+    pub min_keep: i32,
     /// Canonical names in order (`penalties`, `dry`, `top_n_sigma`, `top_k`, ...).
     pub samplers: Vec<String>,
     pub ignore_eos: bool,
@@ -551,6 +555,8 @@ impl Default for SamplingDefaults {
     fn default() -> Self {
         SamplingDefaults {
             seed: u32::MAX,
+            n_probs: 0,
+            min_keep: 0,
             samplers: DEFAULT_SAMPLERS.iter().map(|s| s.to_string()).collect(),
             ignore_eos: false,
             temp: 0.8,
