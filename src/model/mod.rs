@@ -3,9 +3,11 @@
 
 pub mod error;
 pub mod gguf;
+pub mod hparams;
 pub mod quants;
 pub mod types;
 
 pub use error::ModelError;
-pub use gguf::{GgufFile, MetaValue, TensorInfo};
+pub use gguf::{GgufFile, MetaType, MetaValue, TensorInfo};
+pub use hparams::{Hparams, KvOverride, Metadata, OverrideValue};
 pub use types::GgmlType;
