@@ -11,22 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Byte offsets of the f16 scale fields in one block, so random blocks get finite, sane scales.
-fn f16_fields(t: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match t {
-        Q4_0 | Q5_0 | Q8_0 | Q1_0 | Q2_0 | Iq4Nl | Iq4Xs => &[0],
-        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        Tq1_0 => &[52],
-        Tq2_0 => &[64],
-        _ => &[],
-    }
-}
-
 /// IQ1_M spreads its f16 super-scale over the top nibbles of its last four u16.
 fn set_iq1m_scale(blk: &mut [u8], h: u16) {
     for i in 0..4 {
@@ -39,7 +23,7 @@ fn set_iq1m_scale(blk: &mut [u8], h: u16) {
 fn random_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
     let mut b = rng.bytes(n_blocks * t.type_size());
     for blk in b.chunks_exact_mut(t.type_size()) {
-        for &at in f16_fields(t) {
+        for &at in quants::f16_scale_offsets(t) {
             let h = f32_to_f16(0.001 + 0.02 * rng.unit().abs());
             blk[at..at + 2].copy_from_slice(&h.to_le_bytes());
         }
@@ -148,7 +132,7 @@ fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
         b.chunks_exact_mut(2).for_each(|h| make_finite(&mut h[1]));
     }
     for blk in b.chunks_exact_mut(t.type_size()) {
-        for &at in f16_fields(t) {
+        for &at in quants::f16_scale_offsets(t) {
             make_finite(&mut blk[at + 1]);
         }
         if t == GgmlType::Iq1M {

@@ -5,7 +5,9 @@ pub mod error;
 pub mod gguf;
 pub mod hparams;
 pub mod quants;
+pub mod synthetic;
 pub mod types;
+pub mod writer;
 
 pub use error::ModelError;
 pub use gguf::{GgufFile, MetaType, MetaValue, TensorInfo};
