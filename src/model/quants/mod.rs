@@ -71,6 +71,24 @@ fn kernels(t: GgmlType) -> Option<Kernels> {
     })
 }
 
+/// Byte offsets of the f16 scale fields in one block of `t`: multiplying all of them by `k`
+/// multiplies every value of the block by `k`. Empty for float types and for types whose scales
+/// are not plain f16 fields (IQ1_M, MXFP4, NVFP4, Q8_K).
+pub fn f16_scale_offsets(t: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match t {
+        Q4_0 | Q5_0 | Q8_0 | Q8_1 | Q1_0 | Q2_0 | Iq4Nl | Iq4Xs => &[0],
+        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S => &[0],
+        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
+        Q2K => &[80, 82],
+        Q3K => &[108],
+        Q6K => &[208],
+        Tq1_0 => &[52],
+        Tq2_0 => &[64],
+        F32 | F16 | Bf16 | Q8K | Iq1M | Mxfp4 | Nvfp4 | I8 | I16 | I32 | I64 | F64 => &[],
+    }
+}
+
 fn unsupported(t: GgmlType, what: &str) -> ModelError {
     ModelError::Quant {
         ggml_type: t,
