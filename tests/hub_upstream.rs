@@ -145,3 +145,111 @@ fn upstream_pulls_are_reused_and_ours_are_reused_by_upstream() {
         upstream_cache_list(&server, &cache)
     );
 }
+
+/// Repo shapes from upstream's resolution tests; upstream's `llama download` and bloomery must
+/// pick the same model parts and projector from each, for each tag.
+#[test]
+fn quant_tags_pick_what_upstream_picks() {
+    let Some(llama) = upstream_bin("llama") else {
+        return;
+    };
+    let shapes: [(&str, &[&str], &[&str]); 5] = [
+        (
+            "owner/flat",
+            &[
+                "README.md",
+                "model-BF16.gguf",
+                "model-Q4_K_M.gguf",
+                "model-Q8_0.gguf",
+                "mmproj-model-BF16.gguf",
+                "mmproj-model-Q8_0.gguf",
+                "mtp-model-Q8_0.gguf",
+            ],
+            &["", "Q8_0", "bf16", "q4_k_m"],
+        ),
+        (
+            "owner/subdir",
+            &[
+                "mmproj-model-f16.gguf",
+                "model-mtp-BF16.gguf",
+                "Q3_K_M/model-Q3_K_M-00001-of-00003.gguf",
+                "Q3_K_M/model-Q3_K_M-00002-of-00003.gguf",
+                "Q3_K_M/model-Q3_K_M-00003-of-00003.gguf",
+                "Q8_0/model-Q8_0-00001-of-00002.gguf",
+                "Q8_0/model-Q8_0-00002-of-00002.gguf",
+            ],
+            &["", "Q3_K_M", "q8_0"],
+        ),
+        (
+            "owner/unsloth",
+            &[
+                "model-UD-Q8_K_XL.gguf",
+                "mmproj-BF16.gguf",
+                "model-MTP-BF16.gguf",
+            ],
+            &["", "Q8_K_XL", "UD-Q8_K_XL"],
+        ),
+        (
+            "owner/vendors",
+            &[
+                "TheDrummer_Model-24B-v4.1-Q8_0.gguf",
+                "BlackSheep-24B.Q8_0.gguf",
+                "x.IQ4_XS.gguf",
+            ],
+            &["", "Q8_0", "iq4_xs"],
+        ),
+        (
+            "owner/spark",
+            &[
+                "README.md",
+                "model-MXFP4.gguf",
+                "dspark-model-BF16.gguf",
+                "imatrix.gguf",
+            ],
+            &["", "mxfp4"],
+        ),
+    ];
+    let repos = shapes
+        .iter()
+        .map(|(id, files, _)| HubRepo {
+            id: id.to_string(),
+            commit: COMMIT.to_string(),
+            files: files
+                .iter()
+                .enumerate()
+                .map(|(i, p)| HubFile::new(p, bytes(i as u8, 500 + i)))
+                .collect(),
+            token: None,
+        })
+        .collect();
+    let hub = LocalHub::start(repos);
+    for (id, _, tags) in shapes {
+        for tag in tags {
+            let repo = if tag.is_empty() {
+                id.to_string()
+            } else {
+                format!("{id}:{tag}")
+            };
+            let theirs_cache = temp_dir(&format!("pick-theirs-{}", repo.replace([':', '/'], "-")));
+            let ours_cache = temp_dir(&format!("pick-ours-{}", repo.replace([':', '/'], "-")));
+            let theirs = upstream_download(&llama, &hub, &theirs_cache, &["-hf", &repo]);
+            let ours = hub::resolve_model(&request(&hub, &repo, &ours_cache)).unwrap();
+            let rel = |p: &Path, root: &Path| p.strip_prefix(root).unwrap().to_path_buf();
+            let mut ours_printed = vec![rel(&ours.model[0], &ours_cache)];
+            ours_printed.extend(ours.mmproj.iter().map(|p| rel(p, &ours_cache)));
+            let theirs_printed: Vec<PathBuf> =
+                theirs.iter().map(|p| rel(p, &theirs_cache)).collect();
+            assert_eq!(ours_printed, theirs_printed, "{repo}");
+            // Every part upstream fetched, bloomery fetched too.
+            let listing = |root: &Path| {
+                let mut names: Vec<_> = hub::cached_files(root, None)
+                    .into_iter()
+                    .map(|f| f.path)
+                    .collect();
+                names.sort();
+                names
+            };
+            assert_eq!(listing(&ours_cache), listing(&theirs_cache), "{repo}");
+        }
+    }
+}
