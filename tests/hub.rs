@@ -331,8 +331,20 @@ fn gated_repos_need_the_token() {
 
 #[test]
 fn hub_errors_name_what_failed() {
-    let hub = LocalHub::start(vec![gguf_repo("owner/Tiny-GGUF")]);
+    let preset = HubRepo {
+        id: "owner/Preset".to_string(),
+        commit: COMMIT.to_string(),
+        files: vec![
+            HubFile::new("preset.ini", b"[model]\n".to_vec()),
+            HubFile::new("m-Q8_0.gguf", bytes(1, 10)),
+        ],
+        token: None,
+    };
+    let hub = LocalHub::start(vec![gguf_repo("owner/Tiny-GGUF"), preset]);
     let cache = temp_dir("errors");
+
+    let err = hub::resolve_model(&request(&hub.url, "owner/Preset", &cache)).unwrap_err();
+    assert!(matches!(err, HubError::PresetRepo { .. }), "{err}");
 
     let err = hub::resolve_model(&request(&hub.url, "owner/Missing-GGUF", &cache)).unwrap_err();
     assert!(matches!(err, HubError::Status { status: 404, .. }), "{err}");

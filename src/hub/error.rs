@@ -43,6 +43,11 @@ pub enum HubError {
         expected: String,
         actual: String,
     },
+    /// No environment variable names a cache folder and no home folder exists.
+    NoCacheDir,
+    /// The repo holds a `preset.ini`: llama-server serves such a repo in router mode, which
+    /// bloomery does not have.
+    PresetRepo { repo: String },
     /// Reading or writing the cache failed.
     Io {
         path: PathBuf,
@@ -135,6 +140,14 @@ impl fmt::Display for HubError {
             } => write!(
                 f,
                 "{file}: downloaded bytes hash to sha256 {actual}, the hub says {expected}"
+            ),
+            HubError::NoCacheDir => write!(
+                f,
+                "no cache folder: set LLAMA_CACHE (or HF_HOME, or HOME)"
+            ),
+            HubError::PresetRepo { repo } => write!(
+                f,
+                "repository {repo} is a preset repo (preset.ini): llama-server's router mode, not supported"
             ),
             HubError::Io { path, source } => write!(f, "{}: {source}", path.display()),
         }

@@ -135,6 +135,29 @@ pub struct HubRequest {
     pub progress: Progress,
 }
 
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+impl HubRequest {
+    /// A request as llama-server builds one: `repo`, `file` and `token` from the options (empty =
+    /// not given), the endpoint and cache folder from the environment, a progress bar on a
+    /// terminal. `mmproj` starts true; clear it for `--no-mmproj` or an explicit projector.
+    pub fn new(repo: &str, file: &str, token: &str, offline: bool) -> Result<HubRequest, HubError> {
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Ok(HubRequest {
+            repo: repo.to_string(),
+            file: non_empty(file),
+            token: non_empty(token),
+            offline,
+            mmproj: true,
+            endpoint: endpoint(&process_env),
+            cache_dir: hf_cache_dir(&process_env).ok_or(HubError::NoCacheDir)?,
+            progress: Progress::detect(),
+        })
+    }
+}
+
 /// What a pull left on disk, as snapshot paths in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
@@ -285,6 +308,10 @@ pub fn resolve_model(req: &HubRequest) -> Result<Resolved, HubError> {
         });
     }
 
+    // Upstream treats a repo with a root preset.ini as a set of models to serve in router mode.
+    if files.iter().any(|f| f.path == "preset.ini") {
+        return Err(HubError::PresetRepo { repo });
+    }
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
     let available = || paths.iter().map(|p| p.to_string()).collect::<Vec<_>>();
     let primary =
@@ -373,6 +400,27 @@ fn url_parts(url: &str) -> Vec<String> {
             .collect(),
         None => vec![url.to_string()],
     }
+}
+
+impl UrlRequest {
+    /// A `-mu` / `-mmu` request: `path` is the `-m` / `--mmproj` value (empty = not given), the
+    /// cache folder comes from the environment.
+    pub fn new(url: &str, path: &str, token: &str, offline: bool) -> Result<UrlRequest, HubError> {
+        Ok(UrlRequest {
+            url: url.to_string(),
+            path: (!path.is_empty()).then(|| PathBuf::from(path)),
+            token: (!token.is_empty()).then(|| token.to_string()),
+            offline,
+            cache_dir: url_cache_dir(&process_env).ok_or(HubError::NoCacheDir)?,
+            progress: Progress::detect(),
+        })
+    }
+}
+
+/// `--cache-list` as upstream prints it, for the cache the environment names.
+pub fn cache_list_text() -> Result<String, HubError> {
+    let dir = hf_cache_dir(&process_env).ok_or(HubError::NoCacheDir)?;
+    Ok(format_cache_list(&cache_list(&dir)))
 }
 
 /// Downloads a model from a plain URL, as upstream: into the `-m` path or the llama.cpp cache

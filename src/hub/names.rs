@@ -322,6 +322,108 @@ mod tests {
         assert_eq!(best_model(&["mmproj-F16.gguf"], ""), None);
     }
 
+    /// Repo shapes and picks from upstream's own resolution tests (tests/test-model-resolution.cpp):
+    /// (listing, tag, model parts, projector).
+    #[test]
+    fn upstream_resolution_cases() {
+        let flat = [
+            "README.md",
+            "model-BF16.gguf",
+            "model-Q4_K_M.gguf",
+            "model-Q8_0.gguf",
+            "mmproj-model-BF16.gguf",
+            "mmproj-model-Q8_0.gguf",
+            "mtp-model-BF16.gguf",
+            "mtp-model-Q4_0.gguf",
+            "mtp-model-Q8_0.gguf",
+            "dflash-model-BF16.gguf",
+            "dflash-model-Q8_0.gguf",
+        ];
+        let subdir = [
+            "mmproj-model-f16.gguf",
+            "model-mtp-BF16.gguf",
+            "model-mtp-Q8_0.gguf",
+            "Q3_K_M/model-Q3_K_M-00001-of-00003.gguf",
+            "Q3_K_M/model-Q3_K_M-00002-of-00003.gguf",
+            "Q3_K_M/model-Q3_K_M-00003-of-00003.gguf",
+            "Q8_0/model-Q8_0-00001-of-00002.gguf",
+            "Q8_0/model-Q8_0-00002-of-00002.gguf",
+        ];
+        let hole = [
+            "model-BF16.gguf",
+            "model-Q4_K_M.gguf",
+            "model-Q8_0.gguf",
+            "mtp-model-Q4_0.gguf",
+        ];
+        let unsloth = [
+            "model-UD-Q8_K_XL.gguf",
+            "mmproj-BF16.gguf",
+            "model-MTP-BF16.gguf",
+        ];
+        let vendors = [
+            "TheDrummer_Model-24B-v4.1-Q8_0.gguf",
+            "BlackSheep-24B.Q8_0.gguf",
+        ];
+        let spark = [
+            "README.md",
+            "model-MXFP4.gguf",
+            "dspark-model-BF16.gguf",
+            "dspark-model-MXFP4.gguf",
+        ];
+        let cases: [(&[&str], &str, &[&str], Option<&str>); 8] = [
+            (
+                &flat,
+                "Q8_0",
+                &["model-Q8_0.gguf"],
+                Some("mmproj-model-Q8_0.gguf"),
+            ),
+            // Q4_K_M is 4 bits wide: the Q8_0 projector is nearer than BF16.
+            (
+                &flat,
+                "",
+                &["model-Q4_K_M.gguf"],
+                Some("mmproj-model-Q8_0.gguf"),
+            ),
+            (
+                &unsloth,
+                "",
+                &["model-UD-Q8_K_XL.gguf"],
+                Some("mmproj-BF16.gguf"),
+            ),
+            (
+                &subdir,
+                "Q3_K_M",
+                &[
+                    "Q3_K_M/model-Q3_K_M-00001-of-00003.gguf",
+                    "Q3_K_M/model-Q3_K_M-00002-of-00003.gguf",
+                    "Q3_K_M/model-Q3_K_M-00003-of-00003.gguf",
+                ],
+                Some("mmproj-model-f16.gguf"),
+            ),
+            (&hole, "Q4_0", &[], None),
+            (
+                &unsloth,
+                "Q8_K_XL",
+                &["model-UD-Q8_K_XL.gguf"],
+                Some("mmproj-BF16.gguf"),
+            ),
+            (
+                &vendors,
+                "Q8_0",
+                &["TheDrummer_Model-24B-v4.1-Q8_0.gguf"],
+                None,
+            ),
+            (&spark, "", &["model-MXFP4.gguf"], None),
+        ];
+        for (files, tag, parts, mmproj) in cases {
+            let primary = best_model(files, tag);
+            let got: Vec<&str> = primary.map_or_else(Vec::new, |p| split_parts(files, p));
+            assert_eq!(got, parts, "{tag} in {files:?}");
+            let projector = primary.and_then(|p| best_sibling(files, p, "mmproj", ""));
+            assert_eq!(projector, mmproj, "{tag} in {files:?}");
+        }
+    }
+
     #[test]
     fn split_parts_come_first_first() {
         let shuffled = [
