@@ -3,7 +3,8 @@
 #   scripts/bench-tokenize.sh [MODEL.gguf] [TEXT_FILE]
 # Defaults: Gemma 3 270M, and 100 KB of upstream's README, docs and src/llama-vocab.cpp (English,
 # Markdown, C++). Upstream is timed end to end over HTTP on loopback, and a 1-byte request's time
-# is shown as its fixed cost; ours is timed in process. Best of 5 runs each. Prints the ratio.
+# is shown as its fixed cost; ours is timed in process. Best of 5 runs each. Prints the ratio, and
+# whether our ids equal upstream's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${BLOOMERY_CACHE:-$HOME/.cache/bloomery}"
@@ -30,7 +31,7 @@ pid=$!
 python3 - "$port" "$TEXT" <<'PY'
 import json, sys, time, urllib.request
 port, path = sys.argv[1], sys.argv[2]
-text = open(path, encoding="utf-8").read()
+text = open(path, encoding="utf-8", newline="").read()
 for _ in range(600):
     try:
         if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
@@ -44,18 +45,20 @@ def run(content):
         req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=body,
                                      headers={"Content-Type": "application/json"})
         t = time.perf_counter()
-        n = len(json.loads(urllib.request.urlopen(req, timeout=300).read())["tokens"])
+        ids = json.loads(urllib.request.urlopen(req, timeout=300).read())["tokens"]
         best = min(best, time.perf_counter() - t)
-    return best * 1e3, n
+    return best * 1e3, ids
 small, _ = run("x")
-big, n = run(text)
+big, ids = run(text)
+n = len(ids)
+open(path + ".upstream_ids", "w").write(" ".join(map(str, ids)))
 print(f"upstream: {len(text.encode())} bytes -> {n} tokens, best of 5: {big:.2f} ms "
       f"(a 1-byte request: {small:.2f} ms)")
 open(path + ".upstream_ms", "w").write(f"{big} {small}")
 PY
 kill "$pid" 2>/dev/null || true
-ours=$(BLOOMERY_BENCH_TEXT="$TEXT" BLOOMERY_BENCH_MODEL="$MODEL" \
-  cargo test -q --test tokenizer_speed -- --ignored --nocapture 2>/dev/null | grep '^bloomery:')
+ours=$(BLOOMERY_BENCH_TEXT="$TEXT" BLOOMERY_BENCH_MODEL="$MODEL" BLOOMERY_BENCH_EXPECT="$TEXT.upstream_ids" \
+  cargo test -q --test tokenizer_speed -- --ignored --nocapture 2>/dev/null | grep -E '^bloomery:|^ids')
 echo "$ours"
 python3 - "$TEXT.upstream_ms" "$ours" <<'PY'
 import re, sys

@@ -1,6 +1,7 @@
 //! Tokenization speed, run by scripts/bench-tokenize.sh (ignored in the normal test run):
 //! tokenizes the file named by BLOOMERY_BENCH_TEXT with the model BLOOMERY_BENCH_MODEL
-//! (add_special and parse_special on, as /tokenize is asked) and prints the best of several runs.
+//! (add_special and parse_special on, as /tokenize is asked) and prints the best of several runs;
+//! with BLOOMERY_BENCH_EXPECT (space-separated ids upstream gave), also whether the ids agree.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,4 +37,24 @@ fn tokenize_speed() {
         "bloomery: {} bytes -> {n} tokens, best of 5: {best:.2} ms (vocab load {load_ms:.0} ms)",
         text.len()
     );
+    if let Some(path) = std::env::var_os("BLOOMERY_BENCH_EXPECT") {
+        let want: Vec<u32> = std::fs::read_to_string(path)
+            .unwrap()
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let got = vocab.tokenize(&text, true, true);
+        let first_diff = want.iter().zip(&got).position(|(a, b)| a != b);
+        let verdict = if want == got {
+            "yes".to_string()
+        } else {
+            format!(
+                "NO (lengths {} / {}, first difference at {first_diff:?})",
+                want.len(),
+                got.len()
+            )
+        };
+        println!("ids identical to upstream: {verdict}");
+        assert_eq!(want, got);
+    }
 }

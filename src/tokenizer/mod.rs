@@ -141,6 +141,18 @@ pub struct Vocab {
     pub(crate) piece_ends: Vec<usize>,
 }
 
+impl fmt::Debug for Vocab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vocab")
+            .field("kind", &self.kind)
+            .field("model", &self.model)
+            .field("pre", &self.pre)
+            .field("n_tokens", &self.tokens.len())
+            .field("special", &self.special)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Vocab {
     /// Reads the vocabulary of a GGUF file the way llama.cpp's loader does.
     pub fn from_gguf(gguf: &crate::model::gguf::GgufFile) -> Result<Vocab, TokenizerError> {
