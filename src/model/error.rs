@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use super::types::GgmlType;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelError {
     Io {
@@ -47,6 +49,11 @@ pub enum ModelError {
     UnsupportedArchitecture {
         path: PathBuf,
         arch: String,
+    },
+    /// Tensor data that a ggml type's routines cannot take (wrong length, unsupported operation).
+    Quant {
+        ggml_type: GgmlType,
+        reason: String,
     },
 }
 
@@ -97,6 +104,7 @@ impl fmt::Display for ModelError {
                 "{}: architecture '{arch}' is not served by bloomery",
                 path.display()
             ),
+            Quant { ggml_type, reason } => write!(f, "{ggml_type}: {reason}"),
         }
     }
 }
