@@ -6,6 +6,7 @@ use super::config::{Config, NotBuilt, PlacementIntent, Source, Sourced};
 use super::docs::{self, DocKind};
 use super::table::{all_options, Handler, Opt};
 use super::values::{is_truthy, parse_bool, process_escapes, stoi, Applied};
+use crate::hub;
 use std::collections::{HashMap, HashSet};
 
 /// A request to print something and exit instead of serving.
@@ -78,10 +79,12 @@ impl Parsed {
         let (stdout, stderr) = match self.exit? {
             Exit::Help => (docs::help(), String::new()),
             Exit::Version => (String::new(), docs::version()),
-            Exit::CacheList => (
-                String::new(),
-                "warn: --cache-list: listing the model cache is not built yet\n".to_string(),
-            ),
+            Exit::CacheList => {
+                let env = |name: &str| std::env::var(name).ok();
+                let models =
+                    hub::hf_cache_dir(&env).map_or_else(Vec::new, |dir| hub::cache_list(&dir));
+                (hub::format_cache_list(&models), String::new())
+            }
             Exit::CompletionBash => (docs::completion_bash(), String::new()),
             Exit::ListDevices => ("Available devices:\n  (none)\n".to_string(), String::new()),
             Exit::PrintConfig => (self.config_json() + "\n", String::new()),
