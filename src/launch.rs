@@ -70,8 +70,8 @@ pub fn slot_shape(cfg: &Config, n_ctx_train: usize) -> SlotShape {
     } else {
         cfg.slots.n_parallel.max(1) as usize
     };
-    let per_slot_cap = (cfg.context.kv_unified_per_slot > 0)
-        .then_some(cfg.context.kv_unified_per_slot as usize);
+    let per_slot_cap =
+        (cfg.context.kv_unified_per_slot > 0).then_some(cfg.context.kv_unified_per_slot as usize);
     let n_ctx = match (cfg.context.ctx_size, per_slot_cap) {
         (c, _) if c > 0 => c as usize,
         (_, Some(cap)) => n_parallel * cap,

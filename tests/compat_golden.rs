@@ -24,5 +24,8 @@ fn http_scenarios_match_upstream_goldens() {
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "unexplained differences from upstream:\n{stdout}");
+    assert!(
+        out.status.success(),
+        "unexplained differences from upstream:\n{stdout}"
+    );
 }
