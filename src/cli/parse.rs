@@ -1,6 +1,7 @@
-//! The parse loop, with llama-server's rules: every option's environment variable is applied
-//! first (in table order), then the command line left to right, so a flag always wins over its
-//! variable (with upstream's warning). Refusals carry upstream's text; the exit status is 1.
+//! The parse loop, with llama-server's rules: llama.cpp's config files apply first, then every
+//! option's environment variable (in table order), then the command line left to right, so a
+//! flag always wins over its variable (with upstream's warning) and a variable over a file.
+//! Refusals carry upstream's text; the exit status is 1.
 
 use super::config::{Config, NotBuilt, PlacementIntent, Source, Sourced};
 use super::config_file::{read_config, system_config_paths};
