@@ -15,6 +15,8 @@ pub enum Source {
     Flag(String),
     /// The environment variable, e.g. `LLAMA_ARG_N_GPU_LAYERS`.
     Env(String),
+    /// A llama.cpp config file, e.g. `/etc/llama.cpp/config.ini`.
+    File(String),
 }
 
 /// A value with its origin; the planner sees both.
