@@ -830,8 +830,7 @@ static COMMON: &[Opt] = &[
         p.config.model.url = v.into();
         Ok(())
     })
-    .env("LLAMA_ARG_MODEL_URL")
-    .pending("model download by URL"),
+    .env("LLAMA_ARG_MODEL_URL"),
     text(&["-dr", "--docker-repo"], "[<repo>/]<model>[:quant]", "model from Docker Hub; repo defaults to ai/, quant to :latest\ne.g. gemma3\n(default: unused)", |p, v| {
         p.config.model.docker_repo = v.into();
         Ok(())
