@@ -355,3 +355,21 @@ fn seeded_sampling_repeats() {
         "sampling at temp 1.5 should differ from greedy"
     );
 }
+
+#[test]
+fn context_shift_keeps_generating_past_the_context() {
+    let config = SchedulerConfig {
+        ctx_shift: true,
+        ..SchedulerConfig::default()
+    };
+    let h = start(MockEngine::new(32), config);
+    let params = TaskParams {
+        n_keep: 4,
+        ..greedy(60)
+    };
+    let (_, r) = finish(submit(&h, "0123456789", params));
+    let r = r.expect("final");
+    assert_eq!(r.n_decoded, 60, "generation went past the 32-cell context");
+    assert!(r.truncated);
+    assert!(r.n_tokens_cached < 32);
+}
