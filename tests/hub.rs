@@ -423,3 +423,25 @@ fn model_urls_download_split_parts_and_keep_their_etag() {
         Err(HubError::NotCached { .. })
     ));
 }
+
+#[test]
+fn files_sharing_a_blob_fetch_it_once() {
+    let same = bytes(7, 3000);
+    let repo = HubRepo {
+        id: "owner/Dup-GGUF".to_string(),
+        commit: COMMIT.to_string(),
+        files: vec![
+            HubFile::new("Dup-Q2_K-00001-of-00002.gguf", same.clone()),
+            HubFile::new("Dup-Q2_K-00002-of-00002.gguf", same.clone()),
+        ],
+        token: None,
+    };
+    let hub = LocalHub::start(vec![repo]);
+    let cache = temp_dir("dup");
+    let got = hub::resolve_model(&request(&hub.url, "owner/Dup-GGUF:Q2_K", &cache)).unwrap();
+    assert_eq!(got.model.len(), 2);
+    for path in &got.model {
+        assert_eq!(read(path), same);
+    }
+    assert_eq!(hub.transfers().len(), 1);
+}
