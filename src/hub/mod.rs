@@ -59,7 +59,7 @@ impl Progress {
                     bar.unset_length();
                 }
                 let style = indicatif::ProgressStyle::with_template(
-                    "{msg:32!} {wide_bar} {percent:>3}% {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
+                    "{msg:32!} {wide_bar:.208/238} {percent:>3}% {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
                 bar.set_style(style);
