@@ -246,3 +246,61 @@ fn exec_start_runs_as_written_and_stops_on_sigterm() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The notify calls follow `NOTIFY_SOCKET` as systemd sets it, and do nothing without it.
+#[test]
+fn notify_follows_notify_socket() {
+    let dir = std::env::temp_dir().join(format!("bloomery-notify-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("notify.sock");
+    let _ = std::fs::remove_file(&path);
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+
+    // No other test in this file reads NOTIFY_SOCKET in-process.
+    std::env::set_var("NOTIFY_SOCKET", &path);
+    bloomery::service::notify_ready();
+    bloomery::service::notify_status("loading 3 of 48 layers");
+    bloomery::service::notify_stopping();
+    let mut buf = [0u8; 256];
+    let got: Vec<String> = (0..3)
+        .map(|_| {
+            let n = socket.recv(&mut buf).unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        })
+        .collect();
+    assert_eq!(
+        got,
+        ["READY=1", "STATUS=loading 3 of 48 layers", "STOPPING=1"]
+    );
+
+    std::env::remove_var("NOTIFY_SOCKET");
+    assert!(!bloomery::service::notify("READY=1").unwrap());
+}
+
+#[test]
+fn sigterm_resolves_the_shutdown_signal() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let name = runtime.block_on(async {
+        // A handler of our own first, so a signal sent before shutdown_signal() listens cannot
+        // end the test process; then signal until it is seen.
+        let _guard =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        let mut waiting = tokio::spawn(bloomery::service::shutdown_signal());
+        let pid = std::process::id().to_string();
+        for _ in 0..50 {
+            let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+            assert!(sent.success());
+            if let Ok(name) = tokio::time::timeout(Duration::from_millis(200), &mut waiting).await {
+                return name.unwrap();
+            }
+        }
+        panic!("SIGTERM not seen within 10 s");
+    });
+    assert_eq!(name, "SIGTERM");
+}
