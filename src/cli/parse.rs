@@ -6,6 +6,7 @@ use super::config::{Config, NotBuilt, PlacementIntent, Source, Sourced};
 use super::docs::{self, DocKind};
 use super::table::{all_options, Handler, Opt};
 use super::values::{is_truthy, parse_bool, process_escapes, stoi, Applied};
+use crate::hub;
 use std::collections::{HashMap, HashSet};
 
 /// A request to print something and exit instead of serving.
@@ -78,10 +79,12 @@ impl Parsed {
         let (stdout, stderr) = match self.exit? {
             Exit::Help => (docs::help(), String::new()),
             Exit::Version => (String::new(), docs::version()),
-            Exit::CacheList => (
-                String::new(),
-                "warn: --cache-list: listing the model cache is not built yet\n".to_string(),
-            ),
+            Exit::CacheList => {
+                let env = |name: &str| std::env::var(name).ok();
+                let models =
+                    hub::hf_cache_dir(&env).map_or_else(Vec::new, |dir| hub::cache_list(&dir));
+                (hub::format_cache_list(&models), String::new())
+            }
             Exit::CompletionBash => (docs::completion_bash(), String::new()),
             Exit::ListDevices => ("Available devices:\n  (none)\n".to_string(), String::new()),
             Exit::PrintConfig => (self.config_json() + "\n", String::new()),
@@ -111,8 +114,8 @@ impl Parsed {
             .iter()
             .map(|n| {
                 format!(
-                    "warn: {} is accepted but {} is not built yet; it has no effect",
-                    n.option, n.feature
+                    "warn: not built yet: {}; {} has no effect",
+                    n.feature, n.option
                 )
             })
             .collect()
@@ -299,4 +302,53 @@ fn finish(p: &mut Parsed) {
 pub fn parse_process() -> Result<Parsed, Failure> {
     let args: Vec<String> = std::env::args().collect();
     parse(&args, &|name| std::env::var(name).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Parsed {
+        let argv: Vec<String> = std::iter::once("bloomery-serve")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect();
+        parse(&argv, &|_| None).unwrap_or_else(|f| panic!("{args:?}: {}", f.message))
+    }
+
+    #[test]
+    fn escapes_apply_to_reverse_prompts_and_breakers_unless_disabled() {
+        let p = run(&["-r", r"a\nb", "--dry-sequence-breaker", r"\t"]);
+        assert_eq!(p.config.context.reverse_prompts, vec!["a\nb"]);
+        assert_eq!(p.config.sampling.dry_sequence_breakers, vec!["\t"]);
+        let p = run(&["--no-escape", "-r", r"a\nb"]);
+        assert_eq!(p.config.context.reverse_prompts, vec![r"a\nb"]);
+    }
+
+    #[test]
+    fn tools_narrow_cors_unless_origins_given() {
+        let p = run(&["--tools", "all"]);
+        assert_eq!(p.config.serve.cors_origins, "localhost");
+        assert_eq!(p.warnings.len(), 1);
+        let p = run(&["--tools", "all", "--cors-origins", "*"]);
+        assert_eq!(p.config.serve.cors_origins, "*");
+    }
+
+    #[test]
+    fn reasoning_kwargs() {
+        let p = run(&[]);
+        assert_eq!(p.config.chat.template_kwargs["preserve_reasoning"], "true");
+        let p = run(&[
+            "--no-reasoning-preserve",
+            "-rea",
+            "off",
+            "--reasoning-effort",
+            "high",
+        ]);
+        let kw = &p.config.chat.template_kwargs;
+        assert_eq!(kw["preserve_reasoning"], "false");
+        assert_eq!(kw["enable_thinking"], "false");
+        assert_eq!(kw["reasoning_effort"], "\"high\"");
+        assert_eq!(p.config.chat.reasoning, Some(false));
+    }
 }

@@ -11,7 +11,7 @@ mod rng;
 mod stages;
 
 pub use candidates::{Candidates, TokenData};
-pub use rng::{Mt19937, DEFAULT_SEED};
+pub use rng::{resolve_seed, Mt19937, DEFAULT_SEED};
 pub use stages::DryVocab;
 
 use stages::{Dist, Dry, Mirostat, MirostatV2, Penalties, Stage, Xtc};

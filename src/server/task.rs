@@ -252,9 +252,11 @@ impl std::fmt::Display for TaskError {
 pub enum Event {
     Token {
         index: usize,
+        id_slot: usize,
         token: TokenOutput,
         n_decoded: usize,
         n_prompt_tokens: usize,
+        n_prompt_cached: usize,
         /// Present on every chunk when `timings_per_token`.
         timings: Option<Timings>,
     },

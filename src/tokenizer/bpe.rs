@@ -4,6 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::fxhash::FxHashMap;
 use super::pretok::PreKind;
 use super::spm::{char_symbols, Symbol, NONE};
 use super::Vocab;
@@ -47,38 +48,57 @@ impl Vocab {
     fn bpe_words(&self, words: &[String], byte_encode: bool, out: &mut Vec<u32>) {
         let mut syms = Vec::new();
         let mut key = String::new();
+        // a piece always tokenizes the same way, and text repeats its words
+        let mut seen: FxHashMap<&str, std::ops::Range<usize>> = FxHashMap::default();
         for word in words {
-            let all_newlines = !word.is_empty() && word.bytes().all(|b| b == b'\n');
-            let whole = (self.opts.ignore_merges
-                || (matches!(self.pre, PreKind::Gemma4 | PreKind::Mmbert) && all_newlines))
-                .then(|| self.text_to_token(word))
-                .flatten();
-            if let Some(id) = whole {
-                out.push(id);
+            if let Some(r) = seen.get(word.as_str()) {
+                out.extend_from_within(r.clone());
                 continue;
             }
-            self.merge_word(word, &mut syms, &mut key);
-            let mut i = if syms.is_empty() { NONE } else { 0 };
-            while i != NONE {
-                let s = syms[i];
-                let piece = &word[s.start..s.start + s.n];
-                match self.text_to_token(piece) {
-                    Some(id) => out.push(id),
-                    None => {
-                        for &b in piece.as_bytes() {
-                            let id = if byte_encode {
-                                std::str::from_utf8(&[b])
-                                    .ok()
-                                    .and_then(|c| self.text_to_token(c))
-                            } else {
-                                self.text_to_token(&format!("<0x{b:02X}>"))
-                            };
-                            out.extend(id);
-                        }
+            let first = out.len();
+            self.bpe_word(word, byte_encode, &mut syms, &mut key, out);
+            seen.insert(word, first..out.len());
+        }
+    }
+
+    fn bpe_word(
+        &self,
+        word: &str,
+        byte_encode: bool,
+        syms: &mut Vec<Symbol>,
+        key: &mut String,
+        out: &mut Vec<u32>,
+    ) {
+        let all_newlines = !word.is_empty() && word.bytes().all(|b| b == b'\n');
+        let whole = (self.opts.ignore_merges
+            || (matches!(self.pre, PreKind::Gemma4 | PreKind::Mmbert) && all_newlines))
+            .then(|| self.text_to_token(word))
+            .flatten();
+        if let Some(id) = whole {
+            out.push(id);
+            return;
+        }
+        self.merge_word(word, syms, key);
+        let mut i = if syms.is_empty() { NONE } else { 0 };
+        while i != NONE {
+            let s = syms[i];
+            let piece = &word[s.start..s.start + s.n];
+            match self.text_to_token(piece) {
+                Some(id) => out.push(id),
+                None => {
+                    for &b in piece.as_bytes() {
+                        let id = if byte_encode {
+                            std::str::from_utf8(&[b])
+                                .ok()
+                                .and_then(|c| self.text_to_token(c))
+                        } else {
+                            self.text_to_token(&format!("<0x{b:02X}>"))
+                        };
+                        out.extend(id);
                     }
                 }
-                i = s.next;
             }
+            i = s.next;
         }
     }
 

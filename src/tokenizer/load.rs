@@ -1,10 +1,11 @@
 //! Reading a vocabulary from GGUF metadata with llama.cpp's defaults, overrides and fix-ups:
 //! per-model special ids, `add_*` switches, EOG detection by token text, and token attributes.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use crate::model::gguf::{GgufFile, MetaValue};
 
+use super::fxhash::FxHashMap;
 use super::pretok::{PreKind, PreTokenizer};
 use super::special::SpecialMatcher;
 use super::ugm::Ugm;
@@ -242,7 +243,7 @@ pub(super) fn load(g: &GgufFile) -> Result<Vocab, TokenizerError> {
         other => return Err(TokenizerError::UnknownModel(other.to_string())),
     };
 
-    let mut bpe_ranks = HashMap::new();
+    let mut bpe_ranks = FxHashMap::default();
     match g.get(K_MERGES) {
         Some(v) if kind == VocabType::Bpe => {
             let merges = v
@@ -355,7 +356,7 @@ pub(super) fn load(g: &GgufFile) -> Result<Vocab, TokenizerError> {
         }
     };
     let mut tokens = Vec::with_capacity(n);
-    let mut token_to_id = HashMap::with_capacity(n);
+    let mut token_to_id = FxHashMap::with_capacity_and_hasher(n, Default::default());
     let mut max_token_len = 0;
     for (i, t) in texts.iter().enumerate() {
         let mut text = t
@@ -454,7 +455,7 @@ pub(super) fn load(g: &GgufFile) -> Result<Vocab, TokenizerError> {
         o.strip_accents = b;
     }
 
-    let eog = detect_special_tokens(&mut tokens, &mut special);
+    let eog = detect_special_tokens(&mut tokens, &token_to_id, &mut special);
     adjust_attrs_by_model(g, &mut tokens, &token_to_id, &pre_name);
 
     let pretok = if kind == VocabType::Bpe {
@@ -482,9 +483,14 @@ pub(super) fn load(g: &GgufFile) -> Result<Vocab, TokenizerError> {
         pretok,
         specials,
         ugm,
-        pieces: Vec::new(),
+        piece_bytes: Vec::new(),
+        piece_ends: Vec::with_capacity(n),
     };
-    v.pieces = (0..n as u32).map(|id| v.compute_piece(id)).collect();
+    for id in 0..n as u32 {
+        let p = v.compute_piece(id);
+        v.piece_bytes.extend_from_slice(&p);
+        v.piece_ends.push(v.piece_bytes.len());
+    }
     Ok(v)
 }
 
@@ -568,10 +574,17 @@ const EOG_TEXTS: &[&str] = &[
 ];
 
 /// Finds unnamed EOT/EOM/FIM tokens by text, marks control-looking tokens as control and
-/// "unused" control tokens as unused, and derives the end-of-generation set. Upstream walks a
-/// hash map here, so when several texts qualify for one role its pick is arbitrary; we take the
-/// lowest id.
-fn detect_special_tokens(tokens: &mut [TokenData], s: &mut SpecialIds) -> BTreeSet<u32> {
+/// "unused" control tokens as unused, and derives the end-of-generation set. Upstream walks its
+/// text -> id hash map here, so when several texts qualify for one role the pick follows that
+/// map's order, which in practice visits later ids first: we take the highest id, which agrees
+/// with upstream on every vocabulary we record (llama3, phi-3 and qwen2 each have two
+/// candidates).
+fn detect_special_tokens(
+    tokens: &mut [TokenData],
+    ids: &FxHashMap<String, u32>,
+    s: &mut SpecialIds,
+) -> BTreeSet<u32> {
+    let find = |texts: &[&str]| texts.iter().filter_map(|t| ids.get(*t).copied()).max();
     let roles: [(&[&str], IdField); 8] = [
         (EOT_TEXTS, |s| &mut s.eot),
         (EOM_TEXTS, |s| &mut s.eom),
@@ -586,9 +599,9 @@ fn detect_special_tokens(tokens: &mut [TokenData], s: &mut SpecialIds) -> BTreeS
         if field(s).is_some() {
             continue;
         }
-        if let Some(id) = tokens.iter().position(|t| texts.contains(&t.text.as_str())) {
-            *field(s) = Some(id as u32);
-            tokens[id].attr |= attr::CONTROL;
+        if let Some(id) = find(texts) {
+            *field(s) = Some(id);
+            tokens[id as usize].attr |= attr::CONTROL;
         }
     }
     for t in tokens.iter_mut() {
@@ -600,18 +613,13 @@ fn detect_special_tokens(tokens: &mut [TokenData], s: &mut SpecialIds) -> BTreeS
         .into_iter()
         .flatten()
         .collect();
-    for (id, t) in tokens.iter_mut().enumerate() {
-        if EOG_TEXTS.contains(&t.text.as_str()) {
-            eog.insert(id as u32);
-            t.attr |= attr::CONTROL;
-        }
+    for id in EOG_TEXTS.iter().filter_map(|t| ids.get(*t).copied()) {
+        eog.insert(id);
+        tokens[id as usize].attr |= attr::CONTROL;
     }
-    for t in tokens.iter_mut() {
-        if matches!(
-            t.text.as_str(),
-            "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
-        ) {
-            t.attr = attr::USER_DEFINED;
+    for t in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+        if let Some(&id) = ids.get(t) {
+            tokens[id as usize].attr = attr::USER_DEFINED;
         }
     }
     eog.extend([s.eos, s.eot, s.eom].into_iter().flatten());
@@ -645,7 +653,7 @@ fn detect_special_tokens(tokens: &mut [TokenData], s: &mut SpecialIds) -> BTreeS
 fn adjust_attrs_by_model(
     g: &GgufFile,
     tokens: &mut [TokenData],
-    ids: &HashMap<String, u32>,
+    ids: &FxHashMap<String, u32>,
     pre: &str,
 ) {
     let name = g.get_str("general.name").unwrap_or("").to_ascii_lowercase();

@@ -8,6 +8,7 @@
 //! goes through [`Utf8Stream`], which holds back an incomplete character until the rest arrives.
 
 mod bpe;
+mod fxhash;
 mod load;
 mod pretok;
 mod special;
@@ -17,7 +18,9 @@ pub mod unicode;
 mod unicode_data;
 mod wpm;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use fxhash::FxHashMap;
 use std::fmt;
 
 pub use pretok::PreKind;
@@ -122,9 +125,9 @@ pub struct Vocab {
     pub(crate) model: String,
     pub(crate) pre: PreKind,
     pub(crate) tokens: Vec<TokenData>,
-    pub(crate) token_to_id: HashMap<String, u32>,
+    pub(crate) token_to_id: FxHashMap<String, u32>,
     /// "left right" -> merge rank.
-    pub(crate) bpe_ranks: HashMap<String, u32>,
+    pub(crate) bpe_ranks: FxHashMap<String, u32>,
     pub(crate) special: SpecialIds,
     pub(crate) opts: Options,
     pub(crate) eog: BTreeSet<u32>,
@@ -132,8 +135,22 @@ pub struct Vocab {
     pub(crate) pretok: Option<pretok::PreTokenizer>,
     pub(crate) specials: special::SpecialMatcher,
     pub(crate) ugm: Option<ugm::Ugm>,
-    /// `token_to_piece(id, special = true)` for every id.
-    pub(crate) pieces: Vec<Vec<u8>>,
+    /// `token_to_piece(id, special = true)` of every id, concatenated; id i's piece is
+    /// `piece_bytes[piece_ends[i - 1]..piece_ends[i]]`.
+    pub(crate) piece_bytes: Vec<u8>,
+    pub(crate) piece_ends: Vec<usize>,
+}
+
+impl fmt::Debug for Vocab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vocab")
+            .field("kind", &self.kind)
+            .field("model", &self.model)
+            .field("pre", &self.pre)
+            .field("n_tokens", &self.tokens.len())
+            .field("special", &self.special)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Vocab {
@@ -325,7 +342,11 @@ impl Vocab {
         if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return &[];
         }
-        let mut p: &[u8] = self.pieces.get(id as usize).map_or(&[], |p| p.as_slice());
+        let i = id as usize;
+        let mut p: &[u8] = match self.piece_ends.get(i) {
+            Some(&end) => &self.piece_bytes[if i == 0 { 0 } else { self.piece_ends[i - 1] }..end],
+            None => &[],
+        };
         for _ in 0..lstrip {
             match p.split_first() {
                 Some((b' ', rest)) => p = rest,

@@ -3,21 +3,20 @@
 //! highest total score by Viterbi over byte positions; characters no token covers become `<unk>`
 //! with a penalty, and runs of `<unk>` collapse into one.
 
-use std::collections::HashMap;
-
+use super::fxhash::FxHashMap;
 use super::{attr, unicode, TokenData, Vocab};
 
 /// A byte trie: node 0 is the root.
 #[derive(Default)]
 struct Trie {
-    edges: HashMap<(u32, u8), u32>,
+    edges: FxHashMap<(u32, u8), u32>,
     values: Vec<Option<u32>>,
 }
 
 impl Trie {
     fn new() -> Trie {
         Trie {
-            edges: HashMap::new(),
+            edges: FxHashMap::default(),
             values: vec![None],
         }
     }

@@ -317,3 +317,37 @@ pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
     sum
 }
+
+/// `y = f16(y + x * v)` elementwise, halves in and out, with one rounding per element as ggml's
+/// F16 flash-attention accumulator does.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
+    let n = y.len().min(x.len() / 2);
+    let full = n / 8 * 8;
+    let vv = _mm256_set1_ps(v);
+    let mut i = 0;
+    while i < full {
+        let py = y.as_mut_ptr().add(i) as *mut __m128i;
+        let yf = _mm256_cvtph_ps(_mm_loadu_si128(py));
+        let xf = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i) as *const __m128i));
+        let r = _mm256_fmadd_ps(xf, vv, yf);
+        _mm_storeu_si128(py, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+        i += 8;
+    }
+    super::vec::mad_f16_scalar(&mut y[full..n], &x[2 * full..2 * n], v);
+}
+
+/// `y = f16(y * v)` elementwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scale_f16(y: &mut [u16], v: f32) {
+    let full = y.len() / 8 * 8;
+    let vv = _mm256_set1_ps(v);
+    let mut i = 0;
+    while i < full {
+        let py = y.as_mut_ptr().add(i) as *mut __m128i;
+        let r = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(py)), vv);
+        _mm_storeu_si128(py, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+        i += 8;
+    }
+    super::vec::scale_f16_scalar(&mut y[full..], v);
+}

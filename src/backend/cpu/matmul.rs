@@ -4,7 +4,7 @@
 //! tile of rows across every token so the weights are read from memory once per batch.
 
 use super::dot::{kernel, DotFn};
-use super::pool::{split_range, ThreadPool};
+use super::pool::{split_range, SyncPtr, ThreadPool};
 use super::quant::{act_row_bytes, quantize_act, vec_dot_type};
 use crate::model::GgmlType;
 
@@ -44,19 +44,6 @@ const ROW_TILE: usize = 16;
 /// Tokens handled together inside a row tile.
 const TOKEN_TILE: usize = 64;
 
-#[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
-// SAFETY: threads write disjoint elements through the pointer (disjoint row ranges).
-unsafe impl<T> Send for SyncPtr<T> {}
-unsafe impl<T> Sync for SyncPtr<T> {}
-
-impl<T> SyncPtr<T> {
-    /// The pointer; a method so closures capture the whole (`Sync`) wrapper, not its field.
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
 /// Activations converted for one weight type, reusable across several products with weights of
 /// the same `vec_dot_type` (q, k and v share one conversion).
 pub struct Activations {
@@ -94,7 +81,7 @@ impl Activations {
             }
             return;
         }
-        let out = SyncPtr(self.data.as_mut_ptr());
+        let out = SyncPtr::new(self.data.as_mut_ptr());
         pool.run(|ith, nth| {
             let (t0, t1) = split_range(n, ith, nth, 1);
             for t in t0..t1 {
@@ -135,7 +122,7 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     assert_eq!(act.cols, w.cols, "activation width");
     assert!(out.len() >= act.n * w.rows, "output holds n x rows");
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
-    let out = SyncPtr(out.as_mut_ptr());
+    let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
         let (r0, r1) = split_range(w.rows, ith, nth, ROW_TILE);
         // SAFETY: this thread writes only columns [r0, r1) of every output row.

@@ -8,6 +8,7 @@ pub mod f16;
 pub mod matmul;
 pub mod pool;
 pub mod quant;
+pub mod vec;
 
 pub use matmul::{matmul, QMat};
 pub use pool::ThreadPool;

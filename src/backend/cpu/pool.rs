@@ -137,6 +137,24 @@ impl Drop for ThreadPool {
     }
 }
 
+/// A raw pointer handed to pool threads that write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub struct SyncPtr<T>(*mut T);
+// SAFETY: users write disjoint elements from different threads, and the buffer outlives `run`.
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    pub fn new(p: *mut T) -> SyncPtr<T> {
+        SyncPtr(p)
+    }
+
+    /// The pointer; a method so closures capture the whole (`Sync`) wrapper, not its field.
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// The part `[start, end)` of `0..n` that thread `ith` of `nth` takes, in multiples of `align`.
 pub fn split_range(n: usize, ith: usize, nth: usize, align: usize) -> (usize, usize) {
     let units = n.div_ceil(align);

@@ -3,9 +3,14 @@
 //! fast kernels in `backend` are tested against: plain loops, no SIMD, no threads.
 
 mod activations;
+mod grouped;
 pub mod half;
+mod iquants;
 mod kquants;
 mod legacy;
+mod lowbit;
+#[rustfmt::skip]
+mod tables;
 
 pub use activations::{quantize_q8_0, quantize_q8_1, quantize_q8_k};
 pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
@@ -47,8 +52,41 @@ fn kernels(t: GgmlType) -> Option<Kernels> {
         Q5K => kernels!(BlockK::q5_k),
         Q6K => kernels!(BlockK::q6_k),
         Q8K => kernels!(BlockK::q8_k),
-        _ => return None,
+        Iq2Xxs => kernels!(iquants::iq2_xxs),
+        Iq2Xs => kernels!(iquants::iq2_xs),
+        Iq2S => kernels!(iquants::iq2_s),
+        Iq3Xxs => kernels!(iquants::iq3_xxs),
+        Iq3S => kernels!(iquants::iq3_s),
+        Iq1S => kernels!(iquants::iq1_s),
+        Iq1M => kernels!(iquants::iq1_m),
+        Iq4Nl => kernels!(iquants::iq4_nl),
+        Iq4Xs => kernels!(iquants::iq4_xs),
+        Tq1_0 => kernels!(lowbit::tq1_0),
+        Tq2_0 => kernels!(lowbit::tq2_0),
+        Q1_0 => kernels!(lowbit::q1_0),
+        Q2_0 => kernels!(lowbit::q2_0),
+        Mxfp4 => kernels!(lowbit::mxfp4),
+        Nvfp4 => kernels!(lowbit::nvfp4),
+        F32 | F16 | Bf16 | I8 | I16 | I32 | I64 | F64 => return None,
     })
+}
+
+/// Byte offsets of the f16 scale fields in one block of `t`: multiplying all of them by `k`
+/// multiplies every value of the block by `k`. Empty for float types and for types whose scales
+/// are not plain f16 fields (IQ1_M, MXFP4, NVFP4, Q8_K).
+pub fn f16_scale_offsets(t: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match t {
+        Q4_0 | Q5_0 | Q8_0 | Q8_1 | Q1_0 | Q2_0 | Iq4Nl | Iq4Xs => &[0],
+        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S => &[0],
+        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
+        Q2K => &[80, 82],
+        Q3K => &[108],
+        Q6K => &[208],
+        Tq1_0 => &[52],
+        Tq2_0 => &[64],
+        F32 | F16 | Bf16 | Q8K | Iq1M | Mxfp4 | Nvfp4 | I8 | I16 | I32 | I64 | F64 => &[],
+    }
 }
 
 fn unsupported(t: GgmlType, what: &str) -> ModelError {
