@@ -138,7 +138,9 @@ fn wait_for(
 }
 
 #[test]
-#[ignore = "needs src/main.rs to call service::notify_ready / notify_stopping and resolve -hf (lead's wiring)"]
+// Passes up to READY=1 and /health with today's launch; un-ignore once launch watches
+// service::shutdown_signal() (SIGTERM now kills the process before STOPPING=1).
+#[ignore = "launch does not yet stop cleanly on SIGTERM (dies by signal 15, no STOPPING=1)"]
 fn exec_start_runs_as_written_and_stops_on_sigterm() {
     let gemma = upstream_tree()
         .parent()
