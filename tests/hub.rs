@@ -4,18 +4,15 @@
 mod hub_server;
 
 use bloomery::hub::{self, HubError, HubRequest, Progress, UrlRequest};
-use hub_server::{bytes, sha256_hex, HubFile, HubRepo, LocalHub};
+use hub_server::{bytes, sha256_hex, HubFile, HubRepo, LocalHub, Scratch};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const TOKEN: &str = "hf_abcdefghijklmnopqrstuvwxyz0123456789";
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bloomery-hub-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("hub-{name}"))
 }
 
 /// A repo shaped like a real GGUF repo: plain quants, an `UD-` quant, a split quant in a folder,
@@ -391,7 +388,7 @@ fn model_urls_download_split_parts_and_keep_their_etag() {
         path: None,
         token: None,
         offline: false,
-        cache_dir: dir.clone(),
+        cache_dir: dir.to_path_buf(),
         progress: Progress::Quiet,
     };
     let got = hub::download_url(&req).unwrap();

@@ -3,7 +3,7 @@
 
 mod hub_server;
 
-use hub_server::{HubFile, HubRepo, LocalHub};
+use hub_server::{HubFile, HubRepo, LocalHub, Scratch};
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -168,9 +168,7 @@ fn exec_start_runs_as_written_and_stops_on_sigterm() {
         token: None,
     }]);
 
-    let scratch = std::env::temp_dir().join(format!("bloomery-service-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = Scratch::new("service");
     // The unit's own Environment= lines, with systemd's %C (cache root) pointing at scratch space.
     for assignment in get(&unit, "Environment") {
         let (k, v) = assignment.split_once('=').unwrap();
@@ -253,8 +251,7 @@ fn exec_start_runs_as_written_and_stops_on_sigterm() {
 /// The notify calls follow `NOTIFY_SOCKET` as systemd sets it, and do nothing without it.
 #[test]
 fn notify_follows_notify_socket() {
-    let dir = std::env::temp_dir().join(format!("bloomery-notify-env-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("notify-env");
     let path = dir.join("notify.sock");
     let _ = std::fs::remove_file(&path);
     let socket = UnixDatagram::bind(&path).unwrap();
