@@ -4,18 +4,15 @@
 mod hub_server;
 
 use bloomery::hub::{self, HubError, HubRequest, Progress, UrlRequest};
-use hub_server::{bytes, sha256_hex, HubFile, HubRepo, LocalHub};
+use hub_server::{bytes, sha256_hex, HubFile, HubRepo, LocalHub, Scratch};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const TOKEN: &str = "hf_abcdefghijklmnopqrstuvwxyz0123456789";
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bloomery-hub-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("hub-{name}"))
 }
 
 /// A repo shaped like a real GGUF repo: plain quants, an `UD-` quant, a split quant in a folder,
@@ -391,7 +388,7 @@ fn model_urls_download_split_parts_and_keep_their_etag() {
         path: None,
         token: None,
         offline: false,
-        cache_dir: dir.clone(),
+        cache_dir: dir.to_path_buf(),
         progress: Progress::Quiet,
     };
     let got = hub::download_url(&req).unwrap();
@@ -422,4 +419,26 @@ fn model_urls_download_split_parts_and_keep_their_etag() {
         hub::download_url(&offline),
         Err(HubError::NotCached { .. })
     ));
+}
+
+#[test]
+fn files_sharing_a_blob_fetch_it_once() {
+    let same = bytes(7, 3000);
+    let repo = HubRepo {
+        id: "owner/Dup-GGUF".to_string(),
+        commit: COMMIT.to_string(),
+        files: vec![
+            HubFile::new("Dup-Q2_K-00001-of-00002.gguf", same.clone()),
+            HubFile::new("Dup-Q2_K-00002-of-00002.gguf", same.clone()),
+        ],
+        token: None,
+    };
+    let hub = LocalHub::start(vec![repo]);
+    let cache = temp_dir("dup");
+    let got = hub::resolve_model(&request(&hub.url, "owner/Dup-GGUF:Q2_K", &cache)).unwrap();
+    assert_eq!(got.model.len(), 2);
+    for path in &got.model {
+        assert_eq!(read(path), same);
+    }
+    assert_eq!(hub.transfers().len(), 1);
 }

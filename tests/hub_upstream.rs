@@ -5,7 +5,7 @@
 mod hub_server;
 
 use bloomery::hub::{self, HubRequest, Progress};
-use hub_server::{bytes, HubFile, HubRepo, LocalHub};
+use hub_server::{bytes, HubFile, HubRepo, LocalHub, Scratch};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -48,11 +48,8 @@ fn repo() -> HubRepo {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bloomery-upstream-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("upstream-{name}"))
 }
 
 /// `llama download` with the cache and endpoint given; the paths it printed.

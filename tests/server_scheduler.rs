@@ -355,3 +355,51 @@ fn seeded_sampling_repeats() {
         "sampling at temp 1.5 should differ from greedy"
     );
 }
+
+#[test]
+fn context_shift_keeps_generating_past_the_context() {
+    let config = SchedulerConfig {
+        ctx_shift: true,
+        ..SchedulerConfig::default()
+    };
+    let h = start(MockEngine::new(32), config);
+    let params = TaskParams {
+        n_keep: 4,
+        ..greedy(60)
+    };
+    let (_, r) = finish(submit(&h, "0123456789", params));
+    let r = r.expect("final");
+    assert_eq!(r.n_decoded, 60, "generation went past the 32-cell context");
+    assert!(r.truncated);
+    assert!(r.n_tokens_cached < 32);
+}
+
+#[test]
+fn requested_slots_wrap_and_negative_ids_take_any_slot() {
+    let config = SchedulerConfig {
+        n_slots: 2,
+        ..SchedulerConfig::default()
+    };
+    let h = start(MockEngine::new(256), config);
+    for (id_slot, want) in [
+        (0, Some(0)),
+        (1, Some(1)),
+        (3, Some(1)),
+        (4, Some(0)),
+        (-3, None),
+    ] {
+        let (tx, rx) = unbounded_channel();
+        h.submit(TaskRequest {
+            tokens: ByteCodec.tokenize("x", true, false),
+            params: Arc::new(greedy(1)),
+            id_slot,
+            index: 0,
+            events: tx,
+        });
+        let (_, r) = finish(rx);
+        let r = r.expect("final");
+        if let Some(w) = want {
+            assert_eq!(r.id_slot, w, "id_slot {id_slot}");
+        }
+    }
+}

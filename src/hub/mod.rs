@@ -59,7 +59,7 @@ impl Progress {
                     bar.unset_length();
                 }
                 let style = indicatif::ProgressStyle::with_template(
-                    "{msg:32!} {wide_bar} {percent:>3}% {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
+                    "{msg:32!} {wide_bar:.208/238} {percent:>3}% {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
                 bar.set_style(style);
@@ -349,22 +349,30 @@ pub fn resolve_model(req: &HubRequest) -> Result<Resolved, HubError> {
         .chain(&mmproj)
         .filter_map(|p| by_path(p))
         .collect();
-    // All files at once, as upstream fetches them: a split model arrives in the time of its
-    // largest part.
-    let fetched: Vec<Result<PathBuf, HubError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = wanted
+    // Each blob once (two repo files may share one), all at once as upstream fetches them: a
+    // split model arrives in the time of its largest part.
+    let mut unique: Vec<&RepoFile> = Vec::new();
+    for file in &wanted {
+        if !unique.iter().any(|u| u.target(&dir) == file.target(&dir)) {
+            unique.push(file);
+        }
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = unique
             .iter()
-            .map(|file| scope.spawn(|| fetch_file(&client, req, &dir, file)))
+            .map(|file| scope.spawn(|| fetch_blob(&client, req, &dir, file)))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    });
-    let mut fetched = fetched.into_iter().collect::<Result<Vec<_>, _>>()?;
+        // The scope waits for every transfer even when one fails early.
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    })?;
+    let mut fetched = Vec::new();
+    for file in &wanted {
+        link_snapshot(&dir.root, &file.target(&dir), &file.snapshot)?;
+        fetched.push(file.snapshot.clone());
+    }
     let mmproj = if mmproj.is_some() {
         fetched.pop()
     } else {
@@ -374,13 +382,13 @@ pub fn resolve_model(req: &HubRequest) -> Result<Resolved, HubError> {
     Ok(Resolved { model, mmproj })
 }
 
-/// Makes one repo file present in the snapshot, downloading its blob when missing.
-fn fetch_file(
+/// Makes one repo file's bytes present in the cache, downloading them when missing.
+fn fetch_blob(
     client: &Client,
     req: &HubRequest,
     dir: &RepoDir,
     file: &RepoFile,
-) -> Result<PathBuf, HubError> {
+) -> Result<(), HubError> {
     let target = file.target(dir);
     // A complete blob was checked when it was written; upstream reuses it the same way.
     if !target.exists() {
@@ -393,8 +401,7 @@ fn fetch_file(
         let sha256 = (file.oid.len() == 64).then_some(file.oid.as_str());
         client.download(&file.url, &target, sha256, req.progress)?;
     }
-    link_snapshot(&dir.root, &target, &file.snapshot)?;
-    Ok(file.snapshot.clone())
+    Ok(())
 }
 
 /// One `-mu URL` download (or `-mmu` for a projector).

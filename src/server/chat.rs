@@ -17,6 +17,22 @@ pub trait ChatRenderer: Send + Sync {
 
     /// The template source, as `/props` reports it.
     fn source(&self) -> String;
+
+    /// What the template supports (`/props` `chat_template_caps`); by default what a template
+    /// of plain string messages supports.
+    fn caps(&self) -> Value {
+        json!({
+            "supports_object_arguments": false,
+            "supports_parallel_tool_calls": false,
+            "supports_preserve_reasoning": false,
+            "supports_reasoning_effort": false,
+            "supports_string_content": true,
+            "supports_system_role": true,
+            "supports_tool_calls": false,
+            "supports_tools": false,
+            "supports_typed_content": false,
+        })
+    }
 }
 
 /// `role: content` lines and a trailing `assistant:` when a generation prompt is asked for.

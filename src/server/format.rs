@@ -148,7 +148,7 @@ pub fn params_json(p: &TaskParams, only_metrics: bool) -> Value {
         "mirostat_tau": num(s.mirostat_tau),
         "mirostat_eta": num(s.mirostat_eta),
         "adaptive_target": -1.0,
-        "adaptive_decay": 0.9,
+        "adaptive_decay": num(0.9),
     });
     let rest = json!({
         "max_tokens": p.n_predict,
@@ -160,7 +160,7 @@ pub fn params_json(p: &TaskParams, only_metrics: bool) -> Value {
         "n_probs": s.n_probs,
         "min_keep": s.min_keep,
         "chat_format": "Content-only",
-        "reasoning_format": "none",
+        "reasoning_format": "deepseek",
         "reasoning_in_content": false,
         "generation_prompt": "",
         "samplers": samplers,

@@ -321,14 +321,14 @@ fn props_json(state: &AppState, r: &Ready) -> Value {
         "model_ftype": r.model.ftype,
         "model_path": r.model.path,
         "modalities": {"vision": false, "video": false, "audio": false},
-        "media_marker": "<__media__>",
+        "media_marker": media_marker(),
         "endpoint_slots": p.endpoint_slots,
         "endpoint_props": p.endpoint_props,
         "endpoint_metrics": p.endpoint_metrics,
         "ui": false,
         "ui_settings": {},
         "chat_template": r.chat.source(),
-        "chat_template_caps": {},
+        "chat_template_caps": r.chat.caps(),
         "bos_token": r.model.bos_token,
         "eos_token": r.model.eos_token,
         "build_info": p.build_info,
@@ -609,6 +609,12 @@ async fn infill() -> HttpResponse {
         ErrorKind::NotSupported,
         "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing. ",
     ))
+}
+
+/// A per-process marker for media placeholders, as upstream draws one at start.
+fn media_marker() -> &'static str {
+    static MARKER: OnceLock<String> = OnceLock::new();
+    MARKER.get_or_init(|| format!("<__media_{}__>", gen_id("")))
 }
 
 fn gen_id(prefix: &str) -> String {
@@ -950,15 +956,17 @@ async fn get_slots_inner(state: &AppState, req: &HttpRequest) -> Result<HttpResp
                 o["n_prompt_tokens"] = json!(s.n_prompt_tokens);
                 o["n_prompt_tokens_processed"] = json!(s.n_prompt_tokens_processed);
                 o["n_prompt_tokens_cache"] = json!(s.n_prompt_tokens_cache);
-                o["params"] = format::params_json(params, false);
+                o["params"] = format::params_json(params, !state.params.slots_debug);
                 o["next_token"] = json!([{
                     "has_next_token": s.has_next_token,
                     "has_new_line": s.has_new_line,
                     "n_remain": s.n_remain,
                     "n_decoded": s.n_decoded,
                 }]);
-                o["prompt"] = json!(s.prompt);
-                o["generated"] = json!(s.generated);
+                if state.params.slots_debug {
+                    o["prompt"] = json!(s.prompt);
+                    o["generated"] = json!(s.generated);
+                }
             }
             o
         })

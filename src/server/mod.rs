@@ -52,6 +52,8 @@ pub struct ServerParams {
     pub slot_prompt_similarity: f32,
     pub ctx_shift: bool,
     pub endpoint_slots: bool,
+    /// `LLAMA_SERVER_SLOTS_DEBUG`: `/slots` shows full parameters, prompt and generated text.
+    pub slots_debug: bool,
     pub endpoint_props: bool,
     pub endpoint_metrics: bool,
     pub cors_origins: String,
@@ -80,6 +82,7 @@ impl Default for ServerParams {
             slot_prompt_similarity: 0.1,
             ctx_shift: false,
             endpoint_slots: true,
+            slots_debug: false,
             endpoint_props: false,
             endpoint_metrics: false,
             cors_origins: "*".into(),

@@ -552,7 +552,9 @@ impl Scheduler {
     /// prompt (above the similarity threshold); else the least recently used free slot.
     fn pick_slot(&self, task: &TaskRequest) -> Option<usize> {
         let n = self.slots.len() as i32;
-        if task.id_slot != -1 {
+        // Ids wrap modulo the slot count; a negative remainder names no slot and, as upstream,
+        // falls through to the usual choice.
+        if task.id_slot != -1 && task.id_slot % n >= 0 {
             let wanted = task.id_slot % n;
             return self
                 .slots

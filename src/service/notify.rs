@@ -79,6 +79,7 @@ mod tests {
         let mut buf = [0u8; 64];
         let n = listener.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"READY=1");
+        std::fs::remove_dir_all(&dir).unwrap();
 
         let name = format!("bloomery-notify-test-{}", std::process::id());
         let abstract_addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
