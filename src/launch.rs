@@ -326,6 +326,7 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let shape = slot_shape(&cfg, n_ctx_train);
     let params = server_params(&cfg, shape);
     let address = format!("http://{}:{}", params.host, params.port);
+    let signals = service::StopSignals::install().map_err(LaunchError::Io)?;
     let server = Server::start(params).map_err(LaunchError::Io)?;
     log::info!("listening on {address}, loading {}", path.display());
 
@@ -352,9 +353,11 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let terminal = std::io::stderr().is_terminal() && !cfg.log.disable;
     eprint!("{}", service::start_screen(&screen, terminal));
     service::notify_ready();
-    let result = server.wait().map_err(LaunchError::Io);
+    let name = signals.wait();
+    log::info!("received {name}, shutting down");
     service::notify_stopping();
-    result
+    server.stop();
+    Ok(())
 }
 
 #[cfg(test)]

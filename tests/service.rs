@@ -137,11 +137,8 @@ fn wait_for(
     panic!("no {want} before the deadline; got {got:?}");
 }
 
-// Passes whole when SIGTERM comes a second after READY=1. Sent at once, it finds no handler:
-// launch sends READY=1 before Server::wait() installs its SIGTERM handler. Un-ignore once the
-// handler is installed before READY=1.
+// SIGTERM is sent the moment READY=1 arrives: the handlers must already be installed.
 #[test]
-#[ignore = "launch sends READY=1 before its SIGTERM handler is installed"]
 fn exec_start_runs_as_written_and_stops_on_sigterm() {
     let gemma = upstream_tree()
         .parent()
@@ -281,26 +278,13 @@ fn notify_follows_notify_socket() {
 }
 
 #[test]
-fn sigterm_resolves_the_shutdown_signal() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+fn sigterm_is_seen_once_stop_signals_are_installed() {
+    // Installed first, so the signal below cannot end the test process.
+    let signals = bloomery::service::StopSignals::install().unwrap();
+    let sent = Command::new("kill")
+        .args(["-TERM", &std::process::id().to_string()])
+        .status()
         .unwrap();
-    let name = runtime.block_on(async {
-        // A handler of our own first, so a signal sent before shutdown_signal() listens cannot
-        // end the test process; then signal until it is seen.
-        let _guard =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-        let mut waiting = tokio::spawn(bloomery::service::shutdown_signal());
-        let pid = std::process::id().to_string();
-        for _ in 0..50 {
-            let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-            assert!(sent.success());
-            if let Ok(name) = tokio::time::timeout(Duration::from_millis(200), &mut waiting).await {
-                return name.unwrap();
-            }
-        }
-        panic!("SIGTERM not seen within 10 s");
-    });
-    assert_eq!(name, "SIGTERM");
+    assert!(sent.success());
+    assert_eq!(signals.wait(), "SIGTERM");
 }

@@ -228,27 +228,10 @@ impl Server {
     }
 
     /// Serves until SIGINT or SIGTERM, then stops.
-    pub fn wait(self) -> std::io::Result<()> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(async {
-            #[cfg(unix)]
-            {
-                use tokio::signal::unix::{signal, SignalKind};
-                let mut term = signal(SignalKind::terminate())?;
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            #[cfg(not(unix))]
-            tokio::signal::ctrl_c().await?;
-            Ok::<_, std::io::Error>(())
-        })?;
-        log::info!("received a stop signal, shutting down");
+    pub fn wait(self, signals: crate::service::StopSignals) {
+        let name = signals.wait();
+        log::info!("received {name}, shutting down");
         self.stop();
-        Ok(())
     }
 
     /// Ends in-flight tasks (their clients get an error event), stops HTTP and the scheduler.
@@ -280,7 +263,9 @@ pub fn run(
     chat: Arc<dyn ChatRenderer>,
     model: ModelInfo,
 ) -> std::io::Result<()> {
+    let signals = crate::service::StopSignals::install()?;
     let server = Server::start(params)?;
     server.attach(engine, codec, chat, model)?;
-    server.wait()
+    server.wait(signals);
+    Ok(())
 }
