@@ -10,4 +10,4 @@ scripts/fetch-test-data.sh >/dev/null
 python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q numpy
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
-cargo test --all-targets
+cargo test --all-targets --no-fail-fast

@@ -15,7 +15,6 @@ use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
-use crate::sampling::{SamplerType, SamplingParams};
 use crate::server::{ChatRenderer, ModelInfo, Server, ServerParams, TaskParams};
 use crate::service;
 use crate::tokenizer::{Vocab, VocabType};
@@ -71,8 +70,8 @@ pub fn slot_shape(cfg: &Config, n_ctx_train: usize) -> SlotShape {
     } else {
         cfg.slots.n_parallel.max(1) as usize
     };
-    let per_slot_cap = (cfg.context.kv_unified_per_slot > 0)
-        .then_some(cfg.context.kv_unified_per_slot as usize);
+    let per_slot_cap =
+        (cfg.context.kv_unified_per_slot > 0).then_some(cfg.context.kv_unified_per_slot as usize);
     let n_ctx = match (cfg.context.ctx_size, per_slot_cap) {
         (c, _) if c > 0 => c as usize,
         (_, Some(cap)) => n_parallel * cap,
@@ -119,45 +118,6 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
     }
 }
 
-/// Sampling defaults from the command line, as each request starts from them.
-fn sampling_params(cfg: &Config) -> SamplingParams {
-    let s = &cfg.sampling;
-    SamplingParams {
-        seed: s.seed,
-        n_prev: s.n_prev,
-        top_k: s.top_k,
-        top_p: s.top_p,
-        min_p: s.min_p,
-        xtc_probability: s.xtc_probability,
-        xtc_threshold: s.xtc_threshold,
-        typ_p: s.typical_p,
-        temp: s.temp,
-        dynatemp_range: s.dynatemp_range,
-        dynatemp_exponent: s.dynatemp_exponent,
-        penalty_last_n: s.repeat_last_n,
-        penalty_repeat: s.repeat_penalty,
-        penalty_freq: s.frequency_penalty,
-        penalty_present: s.presence_penalty,
-        dry_multiplier: s.dry_multiplier,
-        dry_base: s.dry_base,
-        dry_allowed_length: s.dry_allowed_length,
-        dry_penalty_last_n: s.dry_penalty_last_n,
-        mirostat: s.mirostat,
-        top_n_sigma: s.top_n_sigma,
-        mirostat_tau: s.mirostat_ent,
-        mirostat_eta: s.mirostat_lr,
-        ignore_eos: s.ignore_eos,
-        dry_sequence_breakers: s.dry_sequence_breakers.clone(),
-        samplers: SamplerType::parse_names(&s.samplers),
-        logit_bias: s
-            .logit_bias
-            .iter()
-            .filter_map(|&(t, b)| u32::try_from(t).ok().map(|t| (t, b)))
-            .collect(),
-        ..SamplingParams::default()
-    }
-}
-
 pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
     let s = &cfg.serve;
     ServerParams {
@@ -186,7 +146,7 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
         cors_headers: s.cors_headers.clone(),
         cors_credentials: s.cors_credentials,
         defaults: TaskParams {
-            sampling: sampling_params(cfg),
+            sampling: cfg.sampling.params(),
             n_predict: cfg.slots.n_predict,
             n_keep: cfg.slots.keep,
             cache_prompt: cfg.slots.cache_prompt,

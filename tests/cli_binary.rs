@@ -165,10 +165,21 @@ fn refusals_match_upstream_binary() {
             text(&theirs.stderr)
         );
     }
-    let theirs = run(&up, &["--list-devices"], &[]);
-    let ours = run(OURS, &["--list-devices"], &[]);
-    assert_eq!(
-        (ours.status.code(), ours.stdout),
-        (theirs.status.code(), theirs.stdout)
-    );
+    let empty = std::env::temp_dir().join(format!("bloomery-cli-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).expect("temp dir");
+    let cache = empty.to_string_lossy().into_owned();
+    let listings: [Case; 2] = [
+        (&["--list-devices"], &[]),
+        (&["-cl"], &[("LLAMA_CACHE", &cache)]),
+    ];
+    for (args, env) in listings {
+        let theirs = run(&up, args, env);
+        let ours = run(OURS, args, env);
+        assert_eq!(
+            (ours.status.code(), text(&ours.stdout)),
+            (theirs.status.code(), text(&theirs.stdout)),
+            "{args:?}"
+        );
+    }
+    std::fs::remove_dir_all(&empty).expect("temp dir removed");
 }

@@ -6,7 +6,9 @@ mod model_common;
 
 use std::path::{Path, PathBuf};
 
-use bloomery::model::{GgufFile, Hparams, KvOverride, MetaValue, Metadata};
+use bloomery::model::hparams::served_architecture;
+use bloomery::model::writer::GgufWriter;
+use bloomery::model::{GgmlType, GgufFile, Hparams, KvOverride, MetaValue, Metadata, ModelError};
 use model_common::{cache_dir, gguf_py, oracle};
 use serde_json::Value;
 
@@ -201,4 +203,131 @@ fn gemma_hparams_and_overrides() {
     let meta = Metadata::new(&f, &overrides[..2]);
     let h = Hparams::read(&meta).unwrap();
     assert_eq!((h.n_ctx_train, h.rope.freq_base), (4096, 5e5));
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("bloomery-gguf-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Writes `dir/m-0000i-of-0000n.gguf` parts, part i holding tensor `t{i}` filled with byte i.
+fn write_split(dir: &Path, n: u16) -> PathBuf {
+    for i in 0..n {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", MetaValue::String("llama".into()));
+        w.set("split.no", MetaValue::U16(i));
+        w.set("split.count", MetaValue::U16(n));
+        w.set("split.tensors.count", MetaValue::I32(n as i32));
+        w.add_tensor(&format!("t{i}"), GgmlType::Q8_0, &[32, 2])
+            .unwrap();
+        let p = dir.join(format!("m-{:05}-of-{:05}.gguf", i + 1, n));
+        w.write(&p, |t| Ok(vec![i as u8; t.size() as usize]))
+            .unwrap();
+    }
+    dir.join(format!("m-00001-of-{n:05}.gguf"))
+}
+
+#[test]
+fn split_models_join_all_parts_and_refuse_a_missing_one() {
+    let dir = temp_dir("split");
+    let first = write_split(&dir, 3);
+    let f = GgufFile::open(&first).unwrap();
+    assert_eq!(f.paths.len(), 3);
+    for i in 0..3u8 {
+        let t = f.tensor(&format!("t{i}")).unwrap();
+        assert_eq!(t.file_index, i as usize);
+        assert!(f.tensor_data(t).iter().all(|&b| b == i));
+    }
+    std::fs::remove_file(dir.join("m-00003-of-00003.gguf")).unwrap();
+    let e = GgufFile::open(&first).err().unwrap();
+    assert!(
+        matches!(e, ModelError::BadSplit { .. }) && e.to_string().contains("m-00003-of-00003"),
+        "{e}"
+    );
+    let renamed = dir.join("renamed.gguf");
+    std::fs::copy(&first, &renamed).unwrap();
+    let e = GgufFile::open(&renamed).err().unwrap();
+    assert!(matches!(e, ModelError::BadSplit { .. }), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A one-tensor file (Q4_0, 64 elements) and the offset of its first dimension in the header.
+fn one_tensor_file(arch: &str) -> (Vec<u8>, usize) {
+    let dir = temp_dir("one");
+    let p = dir.join(format!("{arch}.gguf"));
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", MetaValue::String(arch.into()));
+    w.add_tensor("w", GgmlType::Q4_0, &[64]).unwrap();
+    w.write(&p, |t| Ok(vec![1; t.size() as usize])).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    // Tensor record: name length (8) + "w" + n_dims (4), then the dimension.
+    let at = bytes
+        .windows(9)
+        .position(|x| x == b"\x01\0\0\0\0\0\0\0w")
+        .unwrap()
+        + 9
+        + 4;
+    (bytes, at)
+}
+
+#[test]
+fn refuses_damaged_files_by_name() {
+    let refuse = |bytes: Vec<u8>| {
+        GgufFile::from_bytes(Path::new("x.gguf"), bytes)
+            .err()
+            .unwrap()
+    };
+    let (good, dim_at) = one_tensor_file("llama");
+    assert!(GgufFile::from_bytes(Path::new("x.gguf"), good.clone()).is_ok());
+
+    let mut bad = good.clone();
+    bad[dim_at..dim_at + 8].copy_from_slice(&48u64.to_le_bytes());
+    let e = refuse(bad);
+    assert!(
+        e.to_string()
+            .contains("not a multiple of q4_0's block size 32"),
+        "{e}"
+    );
+
+    // The 36 data bytes (two blocks) are followed by 28 bytes of padding.
+    let e = refuse(good[..good.len() - 29].to_vec());
+    assert!(e.to_string().contains("lies outside the file"), "{e}");
+
+    let mut bad = good.clone();
+    bad[..4].copy_from_slice(b"GGML");
+    assert!(matches!(refuse(bad), ModelError::BadMagic { .. }));
+
+    let mut bad = good.clone();
+    bad[4..8].copy_from_slice(&4u32.to_le_bytes());
+    assert!(matches!(
+        refuse(bad),
+        ModelError::UnsupportedVersion { version: 4, .. }
+    ));
+
+    let mut bad = good.clone();
+    bad[dim_at + 8..dim_at + 12].copy_from_slice(&4u32.to_le_bytes());
+    let e = refuse(bad);
+    assert!(e.to_string().contains("unknown ggml type 4"), "{e}");
+
+    for cut in 0..good.len() - 28 {
+        assert!(GgufFile::from_bytes(Path::new("x.gguf"), good[..cut].to_vec()).is_err());
+    }
+}
+
+#[test]
+fn refuses_an_architecture_not_served() {
+    let (bytes, _) = one_tensor_file("bert");
+    let f = GgufFile::from_bytes(Path::new("bert.gguf"), bytes).unwrap();
+    let e = served_architecture(&Metadata::new(&f, &[])).unwrap_err();
+    assert!(
+        matches!(e, ModelError::UnsupportedArchitecture { ref arch, .. } if arch == "bert"),
+        "{e}"
+    );
+    let (bytes, _) = one_tensor_file("qwen3moe");
+    let f = GgufFile::from_bytes(Path::new("q.gguf"), bytes).unwrap();
+    assert_eq!(
+        served_architecture(&Metadata::new(&f, &[])).unwrap(),
+        "qwen3moe"
+    );
 }

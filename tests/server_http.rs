@@ -33,7 +33,7 @@ impl Reply {
     fn events(&self) -> Vec<Value> {
         self.body
             .split("\n\n")
-            .filter_map(|e| e.strip_prefix("data: "))
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
             .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_string())))
             .collect()
     }
@@ -668,5 +668,80 @@ fn sixteen_concurrent_streams_on_four_slots_match_solo_runs() {
         let (prompt, text) = h.join().expect("thread");
         assert_eq!(text, text_ref(&prompt, 16), "{prompt}");
     }
+    server.stop();
+}
+
+#[test]
+fn anthropic_messages_and_responses() {
+    let (server, addr) = serve(params(), MockEngine::new(1024));
+    let prompt = "system: be brief\nuser: hi\nassistant:";
+    let want = text_ref(prompt, 4);
+    let body = json!({"system": "be brief", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                      "max_tokens": 4, "temperature": 0});
+    let r = post(addr, "/v1/messages", body.clone());
+    let j = r.json();
+    assert_eq!(j["type"], json!("message"));
+    assert_eq!(j["content"], json!([{"type": "text", "text": want}]));
+    assert_eq!(j["stop_reason"], json!("max_tokens"));
+    assert_eq!(j["usage"]["output_tokens"], json!(4));
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(addr, "/v1/messages", streamed);
+    let names: Vec<&str> = r
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names[1], "content_block_start");
+    assert_eq!(
+        &names[names.len() - 3..],
+        &["content_block_stop", "message_delta", "message_stop"]
+    );
+    let text: String = r
+        .events()
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, want);
+
+    let r = post(
+        addr,
+        "/v1/messages/count_tokens",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(
+        r.json(),
+        json!({"input_tokens": "user: hi\nassistant:".len() + 1})
+    );
+
+    let r = post(
+        addr,
+        "/v1/responses",
+        json!({"input": "hi", "max_output_tokens": 3, "temperature": 0}),
+    );
+    let j = r.json();
+    assert_eq!(j["object"], json!("response"));
+    assert_eq!(
+        j["output"][0]["content"][0]["text"],
+        json!(text_ref("user: hi\nassistant:", 3))
+    );
+    assert_eq!(j["usage"]["output_tokens"], json!(3));
+    let r = post(
+        addr,
+        "/v1/responses",
+        json!({"input": "hi", "max_output_tokens": 3, "temperature": 0, "stream": true}),
+    );
+    let names: Vec<&str> = r
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(&names[..2], &["response.created", "response.in_progress"]);
+    assert_eq!(names.last(), Some(&"response.completed"));
+    let r = post(addr, "/v1/responses", json!({"max_output_tokens": 3}));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], json!("'input' is required"));
     server.stop();
 }

@@ -1,6 +1,7 @@
 //! The typed results of parsing: `Config` (everything but placement) and `PlacementIntent` (what
 //! the planner reads). Plain data with pub fields; defaults are upstream b11434's server defaults.
 
+use crate::sampling::{SamplerType, SamplingParams};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +15,8 @@ pub enum Source {
     Flag(String),
     /// The environment variable, e.g. `LLAMA_ARG_N_GPU_LAYERS`.
     Env(String),
+    /// A llama.cpp config file, e.g. `/etc/llama.cpp/config.ini`.
+    File(String),
 }
 
 /// A value with its origin; the planner sees both.
@@ -594,6 +597,52 @@ impl Default for SamplingDefaults {
     }
 }
 
+impl SamplingDefaults {
+    /// The sampler chain parameters these defaults give; requests override them one by one.
+    /// A negative token id in a logit bias matches no token and is left out.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            seed: self.seed,
+            n_prev: self.n_prev,
+            n_probs: self.n_probs,
+            min_keep: self.min_keep,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            typ_p: self.typical_p,
+            temp: self.temp,
+            dynatemp_range: self.dynatemp_range,
+            dynatemp_exponent: self.dynatemp_exponent,
+            penalty_last_n: self.repeat_last_n,
+            penalty_repeat: self.repeat_penalty,
+            penalty_freq: self.frequency_penalty,
+            penalty_present: self.presence_penalty,
+            dry_multiplier: self.dry_multiplier,
+            dry_base: self.dry_base,
+            dry_allowed_length: self.dry_allowed_length,
+            dry_penalty_last_n: self.dry_penalty_last_n,
+            mirostat: self.mirostat,
+            top_n_sigma: self.top_n_sigma,
+            mirostat_tau: self.mirostat_ent,
+            mirostat_eta: self.mirostat_lr,
+            ignore_eos: self.ignore_eos,
+            dry_sequence_breakers: self.dry_sequence_breakers.clone(),
+            samplers: self
+                .samplers
+                .iter()
+                .filter_map(|n| SamplerType::from_name(n))
+                .collect(),
+            logit_bias: self
+                .logit_bias
+                .iter()
+                .filter_map(|&(t, b)| u32::try_from(t).ok().map(|t| (t, b)))
+                .collect(),
+        }
+    }
+}
+
 /// Chat templates and reasoning.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Chat {
@@ -780,4 +829,34 @@ pub struct Config {
     pub not_built: BTreeSet<NotBuilt>,
     /// The origin of each option that was set, by its long name.
     pub origins: BTreeMap<String, Source>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_defaults_are_the_samplers_defaults() {
+        assert_eq!(
+            SamplingDefaults::default().params(),
+            SamplingParams::default()
+        );
+    }
+
+    #[test]
+    fn sampling_values_reach_the_sampler() {
+        let d = SamplingDefaults {
+            temp: 0.1,
+            samplers: vec!["top_k".into(), "temperature".into()],
+            logit_bias: vec![(5, 1.0), (-1, 2.0)],
+            ..SamplingDefaults::default()
+        };
+        let p = d.params();
+        assert_eq!(p.temp, 0.1);
+        assert_eq!(
+            p.samplers,
+            vec![SamplerType::TopK, SamplerType::Temperature]
+        );
+        assert_eq!(p.logit_bias, vec![(5, 1.0)]);
+    }
 }

@@ -309,6 +309,9 @@ pub fn man_page() -> String {
             ));
         }
     }
+    m.push_str(".SH FILES\n\\fI/etc/llama.cpp/config.ini\\fR, then \\fI${XDG_CONFIG_HOME:\\-~/.config}/llama.cpp/config.ini\\fR:\n");
+    m.push_str("llama.cpp config files, read in this order before the environment. Keys are option spellings ");
+    m.push_str("without dashes or variable names; keys under \\fB[*]\\fR apply, then keys before any section.\n");
     m.push_str(".SH EXIT STATUS\n0 on success or after an informational option (\\fB\\-\\-help\\fR, \\fB\\-\\-version\\fR, ...); ");
     m.push_str("1 when an option or variable is refused.\n");
     m

@@ -1,12 +1,16 @@
-//! The parse loop, with llama-server's rules: every option's environment variable is applied
-//! first (in table order), then the command line left to right, so a flag always wins over its
-//! variable (with upstream's warning). Refusals carry upstream's text; the exit status is 1.
+//! The parse loop, with llama-server's rules: llama.cpp's config files apply first, then every
+//! option's environment variable (in table order), then the command line left to right, so a
+//! flag always wins over its variable (with upstream's warning) and a variable over a file.
+//! Refusals carry upstream's text; the exit status is 1.
 
 use super::config::{Config, NotBuilt, PlacementIntent, Source, Sourced};
+use super::config_file::{read_config, system_config_paths};
 use super::docs::{self, DocKind};
 use super::table::{all_options, Handler, Opt};
 use super::values::{is_truthy, parse_bool, process_escapes, stoi, Applied};
+use crate::hub;
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
 /// A request to print something and exit instead of serving.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,10 +82,12 @@ impl Parsed {
         let (stdout, stderr) = match self.exit? {
             Exit::Help => (docs::help(), String::new()),
             Exit::Version => (String::new(), docs::version()),
-            Exit::CacheList => (
-                String::new(),
-                "warn: --cache-list: listing the model cache is not built yet\n".to_string(),
-            ),
+            Exit::CacheList => {
+                let env = |name: &str| std::env::var(name).ok();
+                let models =
+                    hub::hf_cache_dir(&env).map_or_else(Vec::new, |dir| hub::cache_list(&dir));
+                (hub::format_cache_list(&models), String::new())
+            }
             Exit::CompletionBash => (docs::completion_bash(), String::new()),
             Exit::ListDevices => ("Available devices:\n  (none)\n".to_string(), String::new()),
             Exit::PrintConfig => (self.config_json() + "\n", String::new()),
@@ -204,9 +210,57 @@ fn apply_arg(
     }
 }
 
-/// Parses `args` (program name first) with variables read through `env`.
+fn apply_file_value(p: &mut Parsed, opt: &Opt, value: &str, path: &str) -> Applied {
+    let source = Source::File(path.to_string());
+    match opt.handler {
+        Handler::Flag(f) => p.apply(opt, source, f),
+        Handler::Toggle(f) => p.apply(opt, source, |p| f(p, is_truthy(value))),
+        Handler::Int(f) => {
+            let n = stoi(value)?;
+            p.apply(opt, source, |p| f(p, n))
+        }
+        Handler::Text(f) => p.apply(opt, source, |p| f(p, value)),
+        Handler::Pair(_) => {
+            Err("apply_to_params: option with two values is not supported yet".into())
+        }
+    }
+}
+
+/// Applies llama.cpp's config files, which come before the environment.
+fn apply_config_files(p: &mut Parsed, files: &[PathBuf]) -> Result<(), String> {
+    for path in files {
+        let shown = path.display().to_string();
+        p.warn(&format!("using config file: {shown}"));
+        let text = std::fs::read_to_string(path)
+            .map_err(|_| format!("failed to open server preset file: {shown}"))?;
+        let (values, warnings) = read_config(&shown, &text)?;
+        p.warnings.extend(warnings);
+        for v in values {
+            apply_file_value(p, v.opt, &v.value, &shown)?;
+        }
+    }
+    Ok(())
+}
+
+/// Parses `args` (program name first) with variables read through `env`, after llama.cpp's
+/// config files (`/etc/llama.cpp/config.ini`, then the user's).
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, Failure> {
+    parse_with_config_files(args, env, &system_config_paths(env))
+}
+
+/// Parses `args` after the given config files.
+pub fn parse_with_config_files(
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    files: &[PathBuf],
+) -> Result<Parsed, Failure> {
     let mut p = Parsed::default();
+    if let Err(message) = apply_config_files(&mut p, files) {
+        return Err(Failure {
+            warnings: p.warnings,
+            message,
+        });
+    }
     for opt in all_options() {
         let Some((value, var)) = env_value(opt, env) else {
             continue;

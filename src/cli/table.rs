@@ -12,6 +12,7 @@ use super::values::{
     atof, atol, csv_row, is_falsey, is_truthy, parse_json, parse_size, parse_tristate,
     read_text_file, split_list, stof, stoi, stoull, strict_f64, trimmed_items, Applied, Refusal,
 };
+use crate::sampling::SamplerType;
 
 /// How an option takes its value; this also decides how its environment variable is read
 /// (a flag applies when the variable is truthy, a toggle parses a boolean, the rest take text).
@@ -344,51 +345,6 @@ fn kv_override(item: &str) -> Option<KvOverride> {
     Some(KvOverride {
         key: key.to_string(),
         value,
-    })
-}
-
-/// Sampler names and their aliases (`top-k`, `topk`, `nucleus`, ...) to canonical names.
-fn sampler_by_name(name: &str) -> Option<&'static str> {
-    const CANONICAL: [&str; 11] = [
-        "dry",
-        "top_k",
-        "top_p",
-        "top_n_sigma",
-        "typ_p",
-        "min_p",
-        "temperature",
-        "xtc",
-        "infill",
-        "penalties",
-        "adaptive_p",
-    ];
-    let lower = name.to_ascii_lowercase();
-    match lower.as_str() {
-        "nucleus" => return Some("top_p"),
-        "temp" => return Some("temperature"),
-        "typ" => return Some("typ_p"),
-        _ => {}
-    }
-    CANONICAL
-        .iter()
-        .copied()
-        .find(|c| **c == lower || c.replace('_', "-") == lower || c.replace('_', "") == lower)
-}
-
-fn sampler_by_char(c: char) -> Option<&'static str> {
-    Some(match c {
-        'd' => "dry",
-        'k' => "top_k",
-        'y' => "typ_p",
-        'p' => "top_p",
-        's' => "top_n_sigma",
-        'm' => "min_p",
-        't' => "temperature",
-        'x' => "xtc",
-        'i' => "infill",
-        'e' => "penalties",
-        'a' => "adaptive_p",
-        _ => return None,
     })
 }
 
@@ -874,8 +830,7 @@ static COMMON: &[Opt] = &[
         p.config.model.url = v.into();
         Ok(())
     })
-    .env("LLAMA_ARG_MODEL_URL")
-    .pending("model download by URL"),
+    .env("LLAMA_ARG_MODEL_URL"),
     text(&["-dr", "--docker-repo"], "[<repo>/]<model>[:quant]", "model from Docker Hub; repo defaults to ai/, quant to :latest\ne.g. gemma3\n(default: unused)", |p, v| {
         p.config.model.docker_repo = v.into();
         Ok(())
@@ -964,8 +919,8 @@ static SAMPLING: &[Opt] = &[
     text(&["--samplers"], "SAMPLERS", "samplers to apply, in order, separated by ';'\n(default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)", |p, v| {
         let mut chosen = Vec::new();
         for name in v.split(';') {
-            match sampler_by_name(name) {
-                Some(s) => chosen.push(s.to_string()),
+            match SamplerType::from_name(name) {
+                Some(s) => chosen.push(s.name().to_string()),
                 None => p.warn(&format!("common_sampler_types_from_names: unable to match sampler by name '{}'", name.to_ascii_lowercase())),
             }
         }
@@ -980,8 +935,8 @@ static SAMPLING: &[Opt] = &[
     text(&["--sampler-seq", "--sampling-seq"], "SEQUENCE", "samplers as one letter each (default: edskypmxt)", |p, v| {
         let mut chosen = Vec::new();
         for c in v.chars() {
-            match sampler_by_char(c) {
-                Some(s) => chosen.push(s.to_string()),
+            match SamplerType::from_letter(c) {
+                Some(s) => chosen.push(s.name().to_string()),
                 None => p.warn(&format!("common_sampler_types_from_chars: unable to match sampler by char '{c}'")),
             }
         }
@@ -2080,15 +2035,6 @@ mod tests {
         assert_eq!(logit_bias(" 7 + 2"), Some((7, 2.0)));
         assert_eq!(logit_bias("15043"), None);
         assert_eq!(logit_bias("x+1"), None);
-    }
-
-    #[test]
-    fn sampler_aliases() {
-        assert_eq!(sampler_by_name("Top-K"), Some("top_k"));
-        assert_eq!(sampler_by_name("topp"), Some("top_p"));
-        assert_eq!(sampler_by_name("nucleus"), Some("top_p"));
-        assert_eq!(sampler_by_name("dry"), Some("dry"));
-        assert_eq!(sampler_by_name("bogus"), None);
     }
 
     #[test]

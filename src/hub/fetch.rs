@@ -31,6 +31,7 @@ pub fn is_hub_token(token: &str) -> bool {
 pub struct Client {
     agent: ureq::Agent,
     token: Option<String>,
+    bars: indicatif::MultiProgress,
 }
 
 fn agent() -> ureq::Agent {
@@ -90,6 +91,9 @@ impl Client {
         Client {
             agent: agent(),
             token: token.filter(|t| !t.is_empty()).map(str::to_string),
+            bars: indicatif::MultiProgress::with_draw_target(
+                indicatif::ProgressDrawTarget::stderr(),
+            ),
         }
     }
 
@@ -248,7 +252,7 @@ impl Client {
             Some(_) => Some(Sha256::new()),
             None => None,
         };
-        let mut bar = progress.start(name, total, start);
+        let mut bar = progress.start(&self.bars, name, total, start);
         let mut body = resp.body_mut().as_reader();
         let mut buf = vec![0u8; 1 << 20];
         let mut done = start;

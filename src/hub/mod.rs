@@ -44,13 +44,20 @@ impl Progress {
         }
     }
 
-    fn start(self, name: &str, total: Option<u64>, done: u64) -> ProgressSink {
+    /// A progress display for one transfer; bars of parallel transfers stack in `bars`.
+    fn start(
+        self,
+        bars: &indicatif::MultiProgress,
+        name: &str,
+        total: Option<u64>,
+        done: u64,
+    ) -> ProgressSink {
         let sink = match self {
             Progress::Bar => {
-                let bar = indicatif::ProgressBar::with_draw_target(
-                    total,
-                    indicatif::ProgressDrawTarget::stderr(),
-                );
+                let bar = bars.add(indicatif::ProgressBar::new(total.unwrap_or(0)));
+                if total.is_none() {
+                    bar.unset_length();
+                }
                 let style = indicatif::ProgressStyle::with_template(
                     "{msg:32!} {wide_bar} {percent:>3}% {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}",
                 )
@@ -337,16 +344,33 @@ pub fn resolve_model(req: &HubRequest) -> Result<Resolved, HubError> {
     };
 
     let by_path = |p: &str| files.iter().find(|f| f.path == p);
-    let mut model = Vec::new();
-    for part in &parts {
-        if let Some(file) = by_path(part) {
-            model.push(fetch_file(&client, req, &dir, file)?);
-        }
-    }
-    let mmproj = match mmproj.and_then(by_path) {
-        Some(file) => Some(fetch_file(&client, req, &dir, file)?),
-        None => None,
+    let wanted: Vec<&RepoFile> = parts
+        .iter()
+        .chain(&mmproj)
+        .filter_map(|p| by_path(p))
+        .collect();
+    // All files at once, as upstream fetches them: a split model arrives in the time of its
+    // largest part.
+    let fetched: Vec<Result<PathBuf, HubError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = wanted
+            .iter()
+            .map(|file| scope.spawn(|| fetch_file(&client, req, &dir, file)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut fetched = fetched.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mmproj = if mmproj.is_some() {
+        fetched.pop()
+    } else {
+        None
     };
+    let model = fetched;
     Ok(Resolved { model, mmproj })
 }
 

@@ -370,7 +370,8 @@ mod tests {
             "dspark-model-BF16.gguf",
             "dspark-model-MXFP4.gguf",
         ];
-        let cases: [(&[&str], &str, &[&str], Option<&str>); 8] = [
+        type Case<'a> = (&'a [&'a str], &'a str, &'a [&'a str], Option<&'a str>);
+        let cases: [Case; 8] = [
             (
                 &flat,
                 "Q8_0",

@@ -15,6 +15,8 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's limit on tensor dimensions.
 const MAX_DIMS: u32 = 4;
+/// Arrays of arrays are legal GGUF (gguf-py writes them); no real file nests them this deep.
+const MAX_ARRAY_NESTING: u32 = 8;
 
 /// One metadata value. Arrays keep their element type even when empty.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,6 +143,23 @@ impl TensorInfo {
     }
 }
 
+/// The bytes of one file: mapped from disk, or handed over in memory.
+enum Backing {
+    Map(Mmap),
+    Bytes(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Bytes(b) => b,
+        }
+    }
+}
+
 /// One opened GGUF file (or the first part of a split model with all its parts).
 pub struct GgufFile {
     pub version: u32,
@@ -148,7 +167,7 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, MetaValue>,
     pub tensors: Vec<TensorInfo>,
     index: BTreeMap<String, usize>,
-    maps: Vec<Mmap>,
+    parts: Vec<Backing>,
     pub paths: Vec<PathBuf>,
 }
 
@@ -211,6 +230,18 @@ impl<'a> Cursor<'a> {
     }
 
     fn value(&mut self, ty: MetaType, version: u32, key: &str) -> Result<MetaValue, ModelError> {
+        self.value_at(ty, version, key, 0)
+    }
+
+    /// `depth` counts enclosing arrays: nesting is bounded so that a hostile file cannot
+    /// exhaust the stack.
+    fn value_at(
+        &mut self,
+        ty: MetaType,
+        version: u32,
+        key: &str,
+        depth: u32,
+    ) -> Result<MetaValue, ModelError> {
         Ok(match ty {
             MetaType::U8 => MetaValue::U8(self.array::<1>(key)?[0]),
             MetaType::I8 => MetaValue::I8(self.array::<1>(key)?[0] as i8),
@@ -225,6 +256,13 @@ impl<'a> Cursor<'a> {
             MetaType::I64 => MetaValue::I64(i64::from_le_bytes(self.array(key)?)),
             MetaType::F64 => MetaValue::F64(f64::from_le_bytes(self.array(key)?)),
             MetaType::Array => {
+                if depth >= MAX_ARRAY_NESTING {
+                    return Err(ModelError::BadMetadata {
+                        path: self.path.to_path_buf(),
+                        key: key.to_string(),
+                        reason: format!("arrays nested deeper than {MAX_ARRAY_NESTING}"),
+                    });
+                }
                 let elem_id = self.u32(key)?;
                 let elem = MetaType::from_id(elem_id).ok_or_else(|| ModelError::BadMetadata {
                     path: self.path.to_path_buf(),
@@ -238,7 +276,7 @@ impl<'a> Cursor<'a> {
                 }
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
-                    items.push(self.value(elem, version, key)?);
+                    items.push(self.value_at(elem, version, key, depth + 1)?);
                 }
                 MetaValue::Array(elem, items)
             }
@@ -272,7 +310,7 @@ impl GgufFile {
                 for t in other.tensors {
                     first.push_tensor(t, &part)?;
                 }
-                first.maps.extend(other.maps);
+                first.parts.extend(other.parts);
                 first.paths.extend(other.paths);
             }
         }
@@ -303,6 +341,16 @@ impl GgufFile {
             path: path.to_path_buf(),
             error: e.to_string(),
         })?;
+        Self::parse(path, Backing::Map(map), file_index)
+    }
+
+    /// Reads a single GGUF held in memory; `label` names it in errors. Split parts are not
+    /// followed.
+    pub fn from_bytes(label: &Path, bytes: Vec<u8>) -> Result<GgufFile, ModelError> {
+        Self::parse(label, Backing::Bytes(bytes), 0)
+    }
+
+    fn parse(path: &Path, map: Backing, file_index: usize) -> Result<GgufFile, ModelError> {
         let mut c = Cursor {
             buf: &map,
             pos: 0,
@@ -334,6 +382,13 @@ impl GgufFile {
                 reason: format!("unknown value type {ty_id}"),
             })?;
             let v = c.value(ty, version, &key)?;
+            if metadata.contains_key(&key) {
+                return Err(ModelError::BadMetadata {
+                    path: path.to_path_buf(),
+                    key,
+                    reason: "duplicate key".into(),
+                });
+            }
             metadata.insert(key, v);
         }
         let alignment = match metadata.get("general.alignment") {
@@ -376,7 +431,7 @@ impl GgufFile {
             metadata,
             tensors: Vec::with_capacity(raw.len()),
             index: BTreeMap::new(),
-            maps: Vec::new(),
+            parts: Vec::new(),
             paths: vec![path.to_path_buf()],
         };
         for (name, shape, type_id, rel) in raw {
@@ -430,7 +485,7 @@ impl GgufFile {
                 path,
             )?;
         }
-        out.maps.push(map);
+        out.parts.push(map);
         Ok(out)
     }
 
@@ -453,7 +508,7 @@ impl GgufFile {
 
     /// The bytes of a tensor (checked against the file at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        &self.maps[t.file_index][t.offset as usize..(t.offset + t.size) as usize]
+        &self.parts[t.file_index][t.offset as usize..(t.offset + t.size) as usize]
     }
 }
 

@@ -35,3 +35,35 @@ impl DryVocab for CodecVocab<'_> {
         self.0.tokenize(text, false, false)
     }
 }
+
+/// The real vocabulary: upstream's `common_tokenize`, `common_token_to_piece` and
+/// `common_detokenize` (which keeps BOS/EOS).
+impl TextCodec for crate::tokenizer::Vocab {
+    fn n_tokens(&self) -> usize {
+        crate::tokenizer::Vocab::n_tokens(self)
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        crate::tokenizer::Vocab::tokenize(self, text, add_special, parse_special)
+    }
+
+    fn token_to_piece(&self, id: u32, special: bool) -> Vec<u8> {
+        crate::tokenizer::Vocab::token_to_piece(self, id, special)
+    }
+
+    fn detokenize(&self, tokens: &[u32], special: bool) -> Vec<u8> {
+        crate::tokenizer::Vocab::detokenize(self, tokens, false, special)
+    }
+
+    fn is_eog(&self, id: u32) -> bool {
+        crate::tokenizer::Vocab::is_eog(self, id)
+    }
+
+    fn eog_tokens(&self) -> Vec<u32> {
+        self.eog_ids().collect()
+    }
+
+    fn add_bos(&self) -> bool {
+        crate::tokenizer::Vocab::add_bos(self)
+    }
+}

@@ -13,6 +13,8 @@ pub enum ResponseKind {
     Native,
     OaiCompletion,
     OaiChat,
+    Anthropic,
+    OaiResponses,
 }
 
 /// Identity of one request's response, shared by all its chunks.
@@ -443,4 +445,231 @@ pub fn final_oai_chat_stream(
 /// One SSE event per value, as upstream's `format_oai_sse`.
 pub fn sse(values: &[Value]) -> String {
     values.iter().map(|v| format!("data: {v}\n\n")).collect()
+}
+
+/// Named SSE events (`event:` then `data:`), as upstream's Anthropic and Responses streams.
+pub fn sse_events(events: &[(&str, Value)]) -> String {
+    events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect()
+}
+
+fn anthropic_stop_reason(stop: StopType) -> &'static str {
+    match stop {
+        StopType::Word | StopType::Eos => "end_turn",
+        _ => "max_tokens",
+    }
+}
+
+fn stop_sequence(r: &FinalResult) -> Value {
+    if r.stopping_word.is_empty() {
+        Value::Null
+    } else {
+        json!(r.stopping_word)
+    }
+}
+
+pub fn final_anthropic(r: &FinalResult, meta: &ResponseMeta<'_>) -> Value {
+    let content: Vec<Value> = if r.content.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"type": "text", "text": r.content})]
+    };
+    json!({
+        "id": meta.id,
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": meta.model,
+        "stop_reason": anthropic_stop_reason(r.stop),
+        "stop_sequence": stop_sequence(r),
+        "usage": {
+            "cache_read_input_tokens": r.n_prompt_cached,
+            "input_tokens": r.n_prompt_tokens - r.n_prompt_cached.min(r.n_prompt_tokens),
+            "output_tokens": r.n_decoded,
+        },
+    })
+}
+
+/// Events of one streamed Anthropic token; `text_started` tracks the open text block.
+pub fn partial_anthropic(
+    token_text: &str,
+    n_decoded: usize,
+    n_prompt_tokens: usize,
+    n_prompt_cached: usize,
+    text_started: &mut bool,
+    meta: &ResponseMeta<'_>,
+) -> Vec<(&'static str, Value)> {
+    let mut events = Vec::new();
+    if n_decoded == 1 {
+        events.push((
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": meta.id,
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": meta.model,
+                "stop_reason": null,
+                "stop_sequence": null,
+                "usage": {
+                    "cache_read_input_tokens": n_prompt_cached,
+                    "input_tokens": n_prompt_tokens - n_prompt_cached.min(n_prompt_tokens),
+                    "output_tokens": 0,
+                },
+            }}),
+        ));
+    }
+    if !token_text.is_empty() {
+        if !*text_started {
+            events.push((
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            *text_started = true;
+        }
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token_text}}),
+        ));
+    }
+    events
+}
+
+pub fn final_anthropic_stream(r: &FinalResult, text_started: bool) -> Vec<(&'static str, Value)> {
+    let mut events = Vec::new();
+    if text_started {
+        events.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ));
+    }
+    events.push((
+        "message_delta",
+        json!({"type": "message_delta",
+            "delta": {"stop_reason": anthropic_stop_reason(r.stop), "stop_sequence": stop_sequence(r)},
+            "usage": {"output_tokens": r.n_decoded}}),
+    ));
+    events.push(("message_stop", json!({"type": "message_stop"})));
+    events
+}
+
+fn responses_usage(r: &FinalResult) -> Value {
+    json!({
+        "input_tokens": r.n_prompt_tokens,
+        "output_tokens": r.n_decoded,
+        "total_tokens": r.n_decoded + r.n_prompt_tokens,
+        "input_tokens_details": {"cached_tokens": r.n_prompt_cached},
+    })
+}
+
+fn responses_message(msg_id: &str, text: &str) -> Value {
+    json!({
+        "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}],
+        "id": msg_id,
+        "role": "assistant",
+        "status": "completed",
+        "type": "message",
+    })
+}
+
+pub fn final_responses(r: &FinalResult, meta: &ResponseMeta<'_>, msg_id: &str) -> Value {
+    let output: Vec<Value> = if r.content.is_empty() {
+        Vec::new()
+    } else {
+        vec![responses_message(msg_id, &r.content)]
+    };
+    json!({
+        "completed_at": meta.created,
+        "created_at": meta.created,
+        "id": meta.id,
+        "model": meta.model,
+        "object": "response",
+        "output": output,
+        "status": "completed",
+        "usage": responses_usage(r),
+    })
+}
+
+pub fn partial_responses(
+    token_text: &str,
+    created: &mut bool,
+    text_started: &mut bool,
+    meta: &ResponseMeta<'_>,
+    msg_id: &str,
+) -> Vec<(&'static str, Value)> {
+    let mut events = Vec::new();
+    let in_progress = json!({"id": meta.id, "object": "response", "status": "in_progress"});
+    if !*created {
+        events.push((
+            "response.created",
+            json!({"type": "response.created", "response": in_progress}),
+        ));
+        events.push((
+            "response.in_progress",
+            json!({"type": "response.in_progress", "response": in_progress}),
+        ));
+        *created = true;
+    }
+    if !token_text.is_empty() {
+        if !*text_started {
+            events.push((
+                "response.output_item.added",
+                json!({"type": "response.output_item.added", "item": {
+                    "content": [], "id": msg_id, "role": "assistant", "status": "in_progress", "type": "message"}}),
+            ));
+            events.push((
+                "response.content_part.added",
+                json!({"type": "response.content_part.added", "item_id": msg_id,
+                    "part": {"type": "output_text", "text": ""}}),
+            ));
+            *text_started = true;
+        }
+        events.push((
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "item_id": msg_id, "delta": token_text}),
+        ));
+    }
+    events
+}
+
+pub fn final_responses_stream(
+    r: &FinalResult,
+    text: &str,
+    meta: &ResponseMeta<'_>,
+    msg_id: &str,
+) -> Vec<(&'static str, Value)> {
+    let mut events = Vec::new();
+    let mut output = Vec::new();
+    if !text.is_empty() {
+        let part = json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text});
+        events.push((
+            "response.output_text.done",
+            json!({"type": "response.output_text.done", "item_id": msg_id, "text": text}),
+        ));
+        events.push((
+            "response.content_part.done",
+            json!({"type": "response.content_part.done", "item_id": msg_id, "part": part}),
+        ));
+        let item = responses_message(msg_id, text);
+        events.push((
+            "response.output_item.done",
+            json!({"type": "response.output_item.done", "item": item}),
+        ));
+        output.push(item);
+    }
+    events.push((
+        "response.completed",
+        json!({"type": "response.completed", "response": {
+            "id": meta.id,
+            "object": "response",
+            "created_at": meta.created,
+            "status": "completed",
+            "model": meta.model,
+            "output": output,
+            "usage": responses_usage(r),
+        }, "timings": timings_json(&r.timings)}),
+    ));
+    events
 }

@@ -15,7 +15,7 @@ use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::chat::{content_text, ChatRenderer};
+use super::chat::{anthropic_to_chat, content_text, responses_to_chat, ChatRenderer};
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
 use super::request::{self, ParseContext};
@@ -185,6 +185,21 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/chat/completions/input_tokens",
             web::post().to(chat_input_tokens),
+        )
+        .route("/v1/messages", web::post().to(anthropic_messages))
+        .route(
+            "/v1/messages/count_tokens",
+            web::post().to(anthropic_count_tokens),
+        )
+        .route("/v1/responses", web::post().to(responses))
+        .route("/responses", web::post().to(responses))
+        .route(
+            "/v1/responses/input_tokens",
+            web::post().to(responses_input_tokens),
+        )
+        .route(
+            "/responses/input_tokens",
+            web::post().to(responses_input_tokens),
         )
         .route("/infill", web::post().to(infill))
         .route("/tokenize", web::post().to(tokenize))
@@ -534,16 +549,46 @@ async fn apply_template(state: Shared, body: Bytes) -> HttpResponse {
     })())
 }
 
+/// Token count of a chat-like request after conversion to a chat body.
+fn count_input_tokens(
+    state: &AppState,
+    body: &Bytes,
+    convert: fn(&Value) -> Result<Value, TaskError>,
+    oai: bool,
+) -> Result<HttpResponse, TaskError> {
+    let r = ready(state)?;
+    let body = convert(&parse_body(body)?)?;
+    let data = chat_to_completion(&body, r.chat.as_ref())?;
+    let n = request::tokenize_mixed(r.codec.as_ref(), &data["prompt"], true, true)?.len();
+    let mut out = json!({"input_tokens": n});
+    if oai {
+        out["object"] = json!("response.input_tokens");
+    }
+    Ok(ok(out))
+}
+
+fn as_is(body: &Value) -> Result<Value, TaskError> {
+    Ok(body.clone())
+}
+
 async fn chat_input_tokens(state: Shared, body: Bytes) -> HttpResponse {
-    respond((|| {
-        let r = ready(&state)?;
-        let body = parse_body(&body)?;
-        let data = chat_to_completion(&body, r.chat.as_ref())?;
-        let n = request::tokenize_mixed(r.codec.as_ref(), &data["prompt"], true, true)?.len();
-        Ok(ok(
-            json!({"input_tokens": n, "object": "response.input_tokens"}),
-        ))
-    })())
+    respond(count_input_tokens(&state, &body, as_is, true))
+}
+
+async fn responses_input_tokens(state: Shared, body: Bytes) -> HttpResponse {
+    respond(count_input_tokens(&state, &body, responses_to_chat, true))
+}
+
+async fn anthropic_count_tokens(state: Shared, body: Bytes) -> HttpResponse {
+    respond(count_input_tokens(&state, &body, anthropic_to_chat, false))
+}
+
+async fn anthropic_messages(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::Anthropic).await)
+}
+
+async fn responses(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::OaiResponses).await)
 }
 
 async fn completion_native(state: Shared, body: Bytes) -> HttpResponse {
@@ -633,6 +678,10 @@ async fn handle_completion(
     let body = parse_body(&body)?;
     let data = match kind {
         ResponseKind::OaiChat => chat_to_completion(&body, r.chat.as_ref())?,
+        ResponseKind::Anthropic => chat_to_completion(&anthropic_to_chat(&body)?, r.chat.as_ref())?,
+        ResponseKind::OaiResponses => {
+            chat_to_completion(&responses_to_chat(&body)?, r.chat.as_ref())?
+        }
         ResponseKind::OaiCompletion => {
             if body.get("echo").and_then(Value::as_bool).unwrap_or(false) {
                 return Err(TaskError::new(
@@ -645,11 +694,12 @@ async fn handle_completion(
         ResponseKind::Native => body,
     };
     let mut submitted = submit_all(r, state, &data)?;
-    let meta_id = gen_id(if kind == ResponseKind::OaiChat {
-        "chatcmpl-"
-    } else {
-        "cmpl-"
+    let meta_id = gen_id(match kind {
+        ResponseKind::OaiResponses => "resp_",
+        ResponseKind::OaiCompletion => "cmpl-",
+        _ => "chatcmpl-",
     });
+    let msg_id = gen_id("msg_");
     let model = r.model.name.clone();
     let fingerprint = state.params.build_info.clone();
     let created = now_secs();
@@ -678,12 +728,14 @@ async fn handle_completion(
                 ResponseKind::Native => format::final_native(f, &params, &model),
                 ResponseKind::OaiCompletion => format::final_oai_completion(f, &params, &meta),
                 ResponseKind::OaiChat => format::final_oai_chat(f, &params, &meta),
+                ResponseKind::Anthropic => format::final_anthropic(f, &meta),
+                ResponseKind::OaiResponses => format::final_responses(f, &meta, &msg_id),
             })
             .collect();
         if rendered.len() == 1 {
             return Ok(ok(rendered.into_iter().next().unwrap_or(Value::Null)));
         }
-        if kind == ResponseKind::Native {
+        if !matches!(kind, ResponseKind::OaiCompletion | ResponseKind::OaiChat) {
             return Ok(ok(Value::Array(rendered)));
         }
         let mut merged = rendered[0].clone();
@@ -712,6 +764,10 @@ async fn handle_completion(
         created,
         fingerprint,
         remaining: submitted.n_tasks,
+        msg_id,
+        text: String::new(),
+        text_started: false,
+        created_sent: false,
     };
     let first_chunk = renderer.render(&first);
     let state = (renderer, submitted.rx, Some(first_chunk), false);
@@ -727,8 +783,10 @@ async fn handle_completion(
         }
         if renderer.remaining == 0 {
             let tail = match renderer.kind {
-                ResponseKind::Native => return None,
-                _ => "data: [DONE]\n\n".to_string(),
+                ResponseKind::OaiCompletion | ResponseKind::OaiChat => {
+                    "data: [DONE]\n\n".to_string()
+                }
+                _ => return None,
             };
             return Some((Ok(Bytes::from(tail)), (renderer, rx, None, true)));
         }
@@ -755,6 +813,11 @@ struct StreamRenderer {
     created: u64,
     fingerprint: String,
     remaining: usize,
+    msg_id: String,
+    /// Text streamed so far (the Anthropic and Responses closers repeat or check it).
+    text: String,
+    text_started: bool,
+    created_sent: bool,
 }
 
 impl StreamRenderer {
@@ -773,6 +836,7 @@ impl StreamRenderer {
                 token,
                 n_decoded,
                 n_prompt_tokens,
+                n_prompt_cached,
                 timings,
             } => match self.kind {
                 ResponseKind::Native => format::sse(&[format::partial_native(
@@ -799,6 +863,27 @@ impl StreamRenderer {
                     p,
                     &meta,
                 )),
+                ResponseKind::Anthropic => {
+                    self.text.push_str(&token.text);
+                    format::sse_events(&format::partial_anthropic(
+                        &token.text,
+                        *n_decoded,
+                        *n_prompt_tokens,
+                        *n_prompt_cached,
+                        &mut self.text_started,
+                        &meta,
+                    ))
+                }
+                ResponseKind::OaiResponses => {
+                    self.text.push_str(&token.text);
+                    format::sse_events(&format::partial_responses(
+                        &token.text,
+                        &mut self.created_sent,
+                        &mut self.text_started,
+                        &meta,
+                        &self.msg_id,
+                    ))
+                }
             },
             Event::Final(f) => {
                 self.remaining = self.remaining.saturating_sub(1);
@@ -810,11 +895,22 @@ impl StreamRenderer {
                     ResponseKind::OaiChat => {
                         format::sse(&format::final_oai_chat_stream(f, p, &meta))
                     }
+                    ResponseKind::Anthropic => {
+                        format::sse_events(&format::final_anthropic_stream(f, self.text_started))
+                    }
+                    ResponseKind::OaiResponses => format::sse_events(
+                        &format::final_responses_stream(f, &self.text, &meta, &self.msg_id),
+                    ),
                 }
             }
             Event::Error(e) => {
                 self.remaining = 0;
-                format::sse(&[json!({"error": format::error_body(e)})])
+                match self.kind {
+                    ResponseKind::Anthropic => {
+                        format::sse_events(&[("error", format::error_body(e))])
+                    }
+                    _ => format::sse(&[json!({"error": format::error_body(e)})]),
+                }
             }
         }
     }

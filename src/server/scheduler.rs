@@ -1165,6 +1165,7 @@ fn process_token(
                 token: out.clone(),
                 n_decoded: active.n_gen,
                 n_prompt_tokens: active.request.tokens.len(),
+                n_prompt_cached: active.n_prompt_cached,
                 timings: params.timings_per_token.then(|| active.timings()),
             });
         }

@@ -256,6 +256,7 @@ pub enum Event {
         token: TokenOutput,
         n_decoded: usize,
         n_prompt_tokens: usize,
+        n_prompt_cached: usize,
         /// Present on every chunk when `timings_per_token`.
         timings: Option<Timings>,
     },
