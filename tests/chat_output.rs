@@ -316,3 +316,39 @@ fn reasoning_format_names() {
     );
     assert!(ReasoningFormat::from_name("bogus").is_err());
 }
+
+#[test]
+fn kimi_k2_calls_carry_their_ids() {
+    let Some(f) = format_of("Kimi-K2-Instruct") else {
+        return;
+    };
+    let mut expected = call("special_function", "{\"arg1\": 1}");
+    expected.id = "functions.special_function:0".into();
+    check(&f, "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0<|tool_call_argument_begin|>{\"arg1\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+        ReasoningFormat::Deepseek, msg("", "", vec![expected]));
+    check(&f, HELLO, ReasoningFormat::Deepseek, msg(HELLO, "", vec![]));
+}
+
+#[test]
+fn glm_calls_and_forced_open_thinking() {
+    let Some(f) = format_of("GLM-4.6") else {
+        return;
+    };
+    check(&f, "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+        ReasoningFormat::Deepseek, msg("", "", vec![call("special_function", "{\"arg1\":1}")]));
+    let Some(flash) = format_of("GLM-4.7-Flash") else {
+        return;
+    };
+    assert!(
+        flash.thinking_forced_open,
+        "GLM 4.7 prompts end inside <think>"
+    );
+    check(
+        &flash,
+        "I'm\nthinking</think>Hello, world!\nWhat's up?",
+        ReasoningFormat::Deepseek,
+        msg(HELLO, "I'm\nthinking", vec![]),
+    );
+    check(&flash, "Let me check.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+        ReasoningFormat::Deepseek, msg("", "Let me check.", vec![call("get_weather", "{\"city\":\"Paris\"}")]));
+}

@@ -82,6 +82,11 @@ pub enum ToolSyntax {
     DeepSeekR1,
     /// `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` (DeepSeek V3.1).
     DeepSeekV31,
+    /// `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>`
+    /// (Kimi K2; the `functions.NAME:IDX` is the call's id).
+    KimiK2,
+    /// `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>` (GLM 4.x).
+    Glm,
 }
 
 /// What to look for in one family's output.
@@ -98,6 +103,10 @@ const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
 const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
 const DS_SEP: &str = "<｜tool▁sep｜>";
+const KIMI_SECTION: &str = "<|tool_calls_section_begin|>";
+const KIMI_CALL: &str = "<|tool_call_begin|>";
+const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
+const KIMI_CALL_END: &str = "<|tool_call_end|>";
 
 impl OutputFormat {
     /// The format of a template's family; `prompt` is the rendered prompt the output follows
@@ -120,6 +129,10 @@ impl OutputFormat {
             };
         let tools = if family == Some(Family::GptOss) {
             ToolSyntax::Harmony
+        } else if family == Some(Family::KimiK2) {
+            ToolSyntax::KimiK2
+        } else if src.contains("<arg_key>") {
+            ToolSyntax::Glm
         } else if matches!(family, Some(Family::Ministral3)) || src.contains("[ARGS]") {
             ToolSyntax::MistralArgs
         } else if src.contains("[TOOL_CALLS]") {
@@ -261,6 +274,8 @@ fn openers(syntax: ToolSyntax) -> &'static [&'static str] {
         ToolSyntax::Hermes | ToolSyntax::Qwen3Coder => &["<tool_call>"],
         ToolSyntax::MistralJson | ToolSyntax::MistralArgs => &["[TOOL_CALLS]"],
         ToolSyntax::Llama3Json => &["<|python_tag|>"],
+        ToolSyntax::KimiK2 => &[KIMI_SECTION, KIMI_CALL],
+        ToolSyntax::Glm => &["<tool_call>"],
         ToolSyntax::DeepSeekR1 | ToolSyntax::DeepSeekV31 => &[DS_CALLS_BEGIN, DS_CALL_BEGIN],
         ToolSyntax::None | ToolSyntax::Harmony => &[],
     }
@@ -314,6 +329,8 @@ fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec
             partial,
             |inner, partial| deepseek_call(syntax, inner, partial),
         ),
+        ToolSyntax::KimiK2 => tagged_calls(body, KIMI_CALL, KIMI_CALL_END, partial, kimi_call),
+        ToolSyntax::Glm => tagged_calls(body, "<tool_call>", "</tool_call>", partial, glm_call),
         ToolSyntax::None | ToolSyntax::Harmony => Vec::new(),
     };
     (content.trim_end_matches(is_ws), calls)
@@ -468,25 +485,86 @@ fn xml_call(inner: &str, partial: bool) -> Option<ToolCall> {
         );
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        let parsed = serde_json::from_str::<Json>(value)
-            .ok()
-            .filter(|v| !v.is_string())
-            .unwrap_or_else(|| Json::String(value.to_string()));
-        args.insert(key, parsed);
+        args.insert(key, typed_value(value));
         rest = next;
     }
-    let arguments = Json::Object(args).to_string();
-    // streaming: an object still being filled is shown without its closing brace
-    let arguments = if partial {
-        arguments.trim_end_matches('}').to_string()
-    } else {
-        arguments
-    };
+    let arguments = object_text(args, partial);
     Some(ToolCall {
         id: String::new(),
         name,
         arguments,
     })
+}
+
+fn kimi_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let (id, args) = inner.split_once(KIMI_ARGS)?;
+    let id = id.trim();
+    let name = id.strip_prefix("functions.").unwrap_or(id);
+    let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+    let arguments = json_prefix(args.trim_matches(is_ws), partial)?;
+    Some(ToolCall {
+        id: id.to_string(),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// GLM: the name, then `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs; values that
+/// parse as JSON keep their type, others become strings.
+fn glm_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let body = inner.trim_start_matches(is_ws);
+    let name_end = body.find("<arg_key>").unwrap_or(body.len());
+    let name = body[..name_end].trim();
+    if name.is_empty() || (partial && name_end == body.len() && !body.ends_with(is_ws)) {
+        // the name may still be growing
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    let mut rest = &body[name_end..];
+    while let Some(k) = rest.find("<arg_key>") {
+        let tail = &rest[k + "<arg_key>".len()..];
+        let Some(key_end) = tail.find("</arg_key>") else {
+            break;
+        };
+        let key = tail[..key_end].trim().to_string();
+        let after = &tail[key_end + "</arg_key>".len()..];
+        let Some(v) = after.find("<arg_value>") else {
+            break;
+        };
+        let value_text = &after[v + "<arg_value>".len()..];
+        let Some(end) = value_text.find("</arg_value>") else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        args.insert(key, typed_value(&value_text[..end]));
+        rest = &value_text[end + "</arg_value>".len()..];
+    }
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// A parameter value as JSON: its own type when it parses, a string otherwise.
+fn typed_value(text: &str) -> Json {
+    serde_json::from_str::<Json>(text)
+        .ok()
+        .filter(|v| !v.is_string())
+        .unwrap_or_else(|| Json::String(text.to_string()))
+}
+
+/// Arguments built from parameters; while streaming the object is left open so later
+/// parameters only append.
+fn object_text(args: serde_json::Map<String, Json>, partial: bool) -> String {
+    let text = Json::Object(args).to_string();
+    if partial {
+        text.trim_end_matches('}').to_string()
+    } else {
+        text
+    }
 }
 
 fn mistral_json_calls(text: &str, partial: bool) -> Vec<ToolCall> {
