@@ -1,2 +1,143 @@
 //! The inference engine: forward passes per architecture family over the CPU backend, the KV cache
-//! and batches of sequences.
+//! and batches of sequences. Parses no flags and knows nothing about HTTP.
+//!
+//! The server drives an engine only through [`Forward`], the same shape as llama.cpp's
+//! `llama_decode` plus its memory calls: a batch of (token, position, sequence, wants-logits)
+//! entries in, logits for the marked entries out.
+
+use std::fmt;
+
+use crate::model::{GgmlType, GgufFile};
+
+mod arch;
+mod attention;
+mod kv;
+mod model;
+mod moe;
+mod weights;
+
+/// A sequence (one slot's conversation) in the KV cache.
+pub type SeqId = u32;
+
+/// One engine step: entry `i` is token `tokens[i]` at position `pos[i]` of sequence `seq[i]`.
+/// Entries of one sequence appear in position order; several sequences may share a batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<u32>,
+    pub seq: Vec<SeqId>,
+    /// Whether logits are wanted for entry `i`.
+    pub logits: Vec<bool>,
+}
+
+impl Batch {
+    pub fn push(&mut self, token: u32, pos: u32, seq: SeqId, logits: bool) {
+        self.tokens.push(token);
+        self.pos.push(pos);
+        self.seq.push(seq);
+        self.logits.push(logits);
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineError {
+    /// The batch is malformed (lengths differ, token out of vocabulary, position beyond context).
+    BadBatch(String),
+    /// The KV cache has no room for the batch.
+    NoSpace {
+        seq: SeqId,
+        needed: usize,
+        capacity: usize,
+    },
+    /// Loading failed: what and why.
+    Load(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::BadBatch(why) => write!(f, "bad batch: {why}"),
+            EngineError::NoSpace {
+                seq,
+                needed,
+                capacity,
+            } => write!(
+                f,
+                "KV cache full for sequence {seq}: {needed} cells needed, {capacity} available"
+            ),
+            EngineError::Load(why) => write!(f, "load failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// What the server needs from a loaded model.
+pub trait Forward: Send {
+    /// Vocabulary size: the length of each logits row.
+    fn n_vocab(&self) -> usize;
+    /// Context length per sequence this engine was loaded with.
+    fn n_ctx_seq(&self) -> usize;
+    /// Runs one step; appends one logits row (`n_vocab` floats) to `out` per entry whose
+    /// `logits` flag is set, in batch order.
+    fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError>;
+    /// Drops the cached positions `[p0, p1)` of `seq` (`p1 = None`: to the end).
+    fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>);
+    /// Copies the cached positions `[0, n)` of `src` into `dst` (prompt-cache reuse).
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32);
+}
+
+/// What `load` needs besides the file: the llama-server options that shape the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineParams {
+    /// Context length per sequence (`-c` divided among `--parallel` slots).
+    pub n_ctx_seq: usize,
+    /// Sequences (slots) that may be cached at once.
+    pub n_seq_max: usize,
+    /// Threads for decode steps (`-t`).
+    pub n_threads: usize,
+    /// Threads for prompt batches (`-tb`).
+    pub n_threads_batch: usize,
+    /// Tokens per forward pass (`-ub`).
+    pub n_ubatch: usize,
+    /// KV cache types (`-ctk`, `-ctv`).
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+}
+
+impl Default for EngineParams {
+    fn default() -> Self {
+        EngineParams {
+            n_ctx_seq: 4096,
+            n_seq_max: 1,
+            n_threads: 2,
+            n_threads_batch: 2,
+            n_ubatch: 512,
+            type_k: GgmlType::F16,
+            type_v: GgmlType::F16,
+        }
+    }
+}
+
+/// Loads the model in `gguf` for the CPU; an architecture we do not serve is refused by name.
+pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, EngineError> {
+    let arch_name = gguf
+        .architecture()
+        .ok_or_else(|| EngineError::Load("the file has no general.architecture".into()))?;
+    let spec = arch::spec(arch_name)?;
+    let keys = arch::Keys {
+        gguf,
+        arch: arch_name,
+    };
+    let hp = arch::Hparams::read(spec, &keys)?;
+    let loader = weights::Loader::new(gguf)?;
+    Ok(Box::new(model::Model::load(spec, hp, &loader, params)?))
+}

@@ -1,1 +1,17 @@
-//! Model files: the GGUF reader, ggml tensor types and architecture hyper-parameters.
+//! Model files: the GGUF reader, ggml tensor types and architecture hyper-parameters. Knows
+//! nothing about HTTP or devices.
+
+pub mod error;
+pub mod ftype;
+pub mod gguf;
+pub mod hparams;
+pub mod quants;
+pub mod synthetic;
+pub mod types;
+pub mod writer;
+
+pub use error::ModelError;
+pub use ftype::file_type_name;
+pub use gguf::{GgufFile, MetaType, MetaValue, TensorInfo};
+pub use hparams::{Hparams, KvOverride, Metadata, OverrideValue};
+pub use types::GgmlType;

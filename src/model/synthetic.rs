@@ -1,0 +1,396 @@
+//! Synthetic models: a valid GGUF for a supported architecture with real (or tiny) shapes, random
+//! but well-scaled weights in a chosen quantization mix, the tokenizer of a real vocabulary GGUF,
+//! and optionally a skew of expert popularity. For tests and benchmarks that need a model of a
+//! given shape without downloading one.
+
+use std::path::Path;
+
+use super::error::ModelError;
+use super::gguf::{GgufFile, MetaValue};
+use super::quants::{self, f32_to_bf16, f32_to_f16};
+use super::types::GgmlType;
+use super::writer::{GgufWriter, PlannedTensor};
+
+/// Shapes and hyper-parameters of one model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preset {
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub n_layer: u32,
+    pub n_embd: u32,
+    /// Dense feed-forward width (written as `feed_forward_length` for MoE models too).
+    pub n_ff: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    /// 0 for dense models.
+    pub n_expert: u32,
+    pub n_expert_used: u32,
+    pub n_ff_exp: u32,
+    pub n_ctx: u32,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+    /// Sliding-window attention width, 0 for none.
+    pub sliding_window: u32,
+}
+
+const fn dense(
+    name: &'static str,
+    arch: &'static str,
+    n_layer: u32,
+    n_embd: u32,
+    n_ff: u32,
+    heads: (u32, u32, u32),
+) -> Preset {
+    Preset {
+        name,
+        arch,
+        n_layer,
+        n_embd,
+        n_ff,
+        n_head: heads.0,
+        n_head_kv: heads.1,
+        head_dim: heads.2,
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ff_exp: 0,
+        n_ctx: 4096,
+        rope_freq_base: 10000.0,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+    }
+}
+
+pub const PRESETS: &[Preset] = &[
+    dense("tiny-llama", "llama", 2, 256, 512, (4, 2, 64)),
+    dense("tiny-qwen3", "qwen3", 2, 256, 512, (4, 2, 64)),
+    Preset {
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        ..dense("tiny-qwen3moe", "qwen3moe", 2, 256, 512, (4, 2, 64))
+    },
+    Preset {
+        sliding_window: 128,
+        rope_freq_base: 1e6,
+        ..dense("tiny-gemma3", "gemma3", 2, 256, 512, (4, 1, 64))
+    },
+    Preset {
+        n_ctx: 32768,
+        rope_freq_base: 1e6,
+        sliding_window: 512,
+        ..dense("gemma-3-270m", "gemma3", 18, 640, 2048, (4, 1, 256))
+    },
+    Preset {
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 768,
+        n_ctx: 40960,
+        rope_freq_base: 1e6,
+        ..dense("qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, (32, 4, 128))
+    },
+];
+
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// Which type each kind of tensor is written in. Norms and expert routers are always F32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantMix {
+    pub weights: GgmlType,
+    pub experts: GgmlType,
+    pub embeddings: GgmlType,
+}
+
+impl QuantMix {
+    pub fn uniform(t: GgmlType) -> QuantMix {
+        QuantMix {
+            weights: t,
+            experts: t,
+            embeddings: GgmlType::Q8_0,
+        }
+    }
+}
+
+pub struct SyntheticOptions<'a> {
+    pub preset: &'a Preset,
+    pub mix: QuantMix,
+    /// A GGUF whose `tokenizer.*` keys are copied (an upstream `ggml-vocab-*.gguf` will do).
+    pub vocab: &'a Path,
+    pub seed: u64,
+    /// 0 for uniform expert popularity; larger values make low-numbered ranks of a seeded
+    /// permutation of experts win routing more often.
+    pub expert_skew: f32,
+}
+
+/// splitmix64 with a Box-Muller normal.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn normal(&mut self) -> f32 {
+        let (u, v) = (self.unit(), self.unit());
+        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+    }
+}
+
+/// The first of `t`, Q8_0, F16 whose blocks fit a row of `row` elements (llama.cpp's quantizer
+/// falls back the same way for rows a type cannot hold).
+fn fitting_type(t: GgmlType, row: u64) -> GgmlType {
+    [t, GgmlType::Q8_0, GgmlType::F16]
+        .into_iter()
+        .find(|c| row.is_multiple_of(c.block_size() as u64))
+        .unwrap_or(GgmlType::F32)
+}
+
+/// Scales one random block of `t` so its values have root-mean-square near `target`.
+fn scale_block(t: GgmlType, block: &mut [u8], target: f32) -> Result<(), ModelError> {
+    let mut y = vec![0f32; t.block_size()];
+    let set = |block: &mut [u8], k: f32| {
+        let h = f32_to_f16(k).to_le_bytes();
+        for &at in quants::f16_scale_offsets(t) {
+            block[at..at + 2].copy_from_slice(&h);
+        }
+        if t == GgmlType::Iq1M {
+            let h = f32_to_f16(k);
+            for i in 0..4 {
+                let at = 48 + 2 * i + 1;
+                block[at] = (block[at] & 0x0f) | ((((h >> (4 * i)) & 0xf) as u8) << 4);
+            }
+        }
+    };
+    set(block, 1.0);
+    match t {
+        // Power-of-two scales: E8M0 exponent 127 is 0.5; UE4M3 0x38 is 0.5.
+        GgmlType::Mxfp4 => block[0] = 127,
+        GgmlType::Nvfp4 => block[..4].fill(0x38),
+        _ => {}
+    }
+    quants::dequantize(t, block, &mut y)?;
+    let rms = (y.iter().map(|v| v * v).sum::<f32>() / y.len() as f32).sqrt();
+    if rms == 0.0 || !rms.is_finite() {
+        return Ok(());
+    }
+    let k = target / rms;
+    match t {
+        GgmlType::Mxfp4 => block[0] = (127.0 + k.log2().round()).clamp(1.0, 254.0) as u8,
+        GgmlType::Nvfp4 => {
+            let exp = (7.0 + k.log2().round()).clamp(1.0, 14.0) as u8;
+            block[..4].fill(exp << 3);
+        }
+        _ => set(block, k),
+    }
+    Ok(())
+}
+
+/// `values` in a float type or Q8_0 (whose quantizer is the reference one).
+fn encode_floats(t: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    match t {
+        GgmlType::F32 => out.extend(values.iter().flat_map(|v| v.to_le_bytes())),
+        GgmlType::F16 => out.extend(values.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes())),
+        GgmlType::Bf16 => out.extend(values.iter().flat_map(|&v| f32_to_bf16(v).to_le_bytes())),
+        GgmlType::Q8_0 => quants::quantize_q8_0(values, &mut out),
+        _ => return None,
+    }
+    Some(out)
+}
+
+/// Random data for tensor `t`: normal values of standard deviation `std` for float types and
+/// Q8_0, otherwise random blocks scaled to that root-mean-square.
+fn random_tensor(rng: &mut Rng, t: &PlannedTensor, std: f32) -> Result<Vec<u8>, ModelError> {
+    let n = t.n_elements() as usize;
+    if matches!(
+        t.ggml_type,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Q8_0
+    ) {
+        let values: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
+        return Ok(encode_floats(t.ggml_type, &values).unwrap_or_default());
+    }
+    let ty = t.ggml_type;
+    let mut out: Vec<u8> = (0..t.size()).map(|_| rng.next() as u8).collect();
+    for block in out.chunks_exact_mut(ty.type_size()) {
+        scale_block(ty, block, std)?;
+    }
+    Ok(out)
+}
+
+struct Layout {
+    tensors: Vec<(String, GgmlType, Vec<u64>)>,
+}
+
+impl Layout {
+    fn add(&mut self, name: String, t: GgmlType, shape: &[u64]) {
+        self.tensors
+            .push((name, fitting_type(t, shape[0]), shape.to_vec()));
+    }
+}
+
+/// The tensors llama.cpp expects for the preset's architecture, with their types.
+fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
+    let (e, f, fx) = (p.n_embd as u64, p.n_ff as u64, p.n_ff_exp as u64);
+    let (q, kv) = (
+        (p.n_head * p.head_dim) as u64,
+        (p.n_head_kv * p.head_dim) as u64,
+    );
+    let hd = p.head_dim as u64;
+    let x = p.n_expert as u64;
+    let qk_norm = matches!(p.arch, "qwen3" | "qwen3moe" | "gemma3");
+    let gemma = p.arch == "gemma3";
+    let mut l = Layout {
+        tensors: Vec::new(),
+    };
+    let f32t = GgmlType::F32;
+    l.add("token_embd.weight".into(), mix.embeddings, &[e, n_vocab]);
+    l.add("output_norm.weight".into(), f32t, &[e]);
+    if !gemma {
+        l.add("output.weight".into(), mix.embeddings, &[e, n_vocab]);
+    }
+    for i in 0..p.n_layer {
+        let b = |s: &str| format!("blk.{i}.{s}.weight");
+        l.add(b("attn_norm"), f32t, &[e]);
+        l.add(b("attn_q"), mix.weights, &[e, q]);
+        l.add(b("attn_k"), mix.weights, &[e, kv]);
+        l.add(b("attn_v"), mix.weights, &[e, kv]);
+        l.add(b("attn_output"), mix.weights, &[q, e]);
+        if qk_norm {
+            l.add(b("attn_q_norm"), f32t, &[hd]);
+            l.add(b("attn_k_norm"), f32t, &[hd]);
+        }
+        if gemma {
+            l.add(b("post_attention_norm"), f32t, &[e]);
+        }
+        l.add(b("ffn_norm"), f32t, &[e]);
+        if x > 0 {
+            l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+            l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
+            l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
+            l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+        } else {
+            l.add(b("ffn_gate"), mix.weights, &[e, f]);
+            l.add(b("ffn_up"), mix.weights, &[e, f]);
+            l.add(b("ffn_down"), mix.weights, &[f, e]);
+        }
+        if gemma {
+            l.add(b("post_ffw_norm"), f32t, &[e]);
+        }
+    }
+    l
+}
+
+/// Writes a synthetic model for `opts` to `out`.
+pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelError> {
+    let p = opts.preset;
+    let vocab = GgufFile::open(opts.vocab)?;
+    let n_vocab = vocab
+        .get("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+        .map(|t| t.len() as u64)
+        .ok_or_else(|| ModelError::MissingKey {
+            path: opts.vocab.to_path_buf(),
+            key: "tokenizer.ggml.tokens".into(),
+        })?;
+    let mut w = GgufWriter::new();
+    let s = |v: &str| MetaValue::String(v.to_string());
+    let k = |suffix: &str| format!("{}.{suffix}", p.arch);
+    w.set("general.architecture", s(p.arch));
+    w.set("general.name", s(&format!("synthetic {}", p.name)));
+    w.set("general.quantization_version", MetaValue::U32(2));
+    w.set(&k("context_length"), MetaValue::U32(p.n_ctx));
+    w.set(&k("embedding_length"), MetaValue::U32(p.n_embd));
+    w.set(&k("block_count"), MetaValue::U32(p.n_layer));
+    w.set(&k("feed_forward_length"), MetaValue::U32(p.n_ff));
+    w.set(&k("attention.head_count"), MetaValue::U32(p.n_head));
+    w.set(&k("attention.head_count_kv"), MetaValue::U32(p.n_head_kv));
+    w.set(&k("attention.key_length"), MetaValue::U32(p.head_dim));
+    w.set(&k("attention.value_length"), MetaValue::U32(p.head_dim));
+    w.set(
+        &k("attention.layer_norm_rms_epsilon"),
+        MetaValue::F32(p.rms_eps),
+    );
+    w.set(&k("rope.freq_base"), MetaValue::F32(p.rope_freq_base));
+    if p.sliding_window > 0 {
+        w.set(
+            &k("attention.sliding_window"),
+            MetaValue::U32(p.sliding_window),
+        );
+    }
+    if p.n_expert > 0 {
+        w.set(&k("expert_count"), MetaValue::U32(p.n_expert));
+        w.set(&k("expert_used_count"), MetaValue::U32(p.n_expert_used));
+        w.set(&k("expert_feed_forward_length"), MetaValue::U32(p.n_ff_exp));
+    }
+    for (key, v) in &vocab.metadata {
+        if key.starts_with("tokenizer.") {
+            w.set(key, v.clone());
+        }
+    }
+    for (name, t, shape) in layout(p, n_vocab, opts.mix).tensors {
+        w.add_tensor(&name, t, &shape)?;
+    }
+    let mut rng = Rng(opts.seed);
+    let e = p.n_embd as usize;
+    // Popularity skew: every token embedding shares a component along `common`, and each router
+    // row leans towards it by its expert's rank.
+    let common: Vec<f32> = {
+        let v: Vec<f32> = (0..e).map(|_| rng.normal()).collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter().map(|x| x / norm).collect()
+    };
+    let mut rank: Vec<usize> = (0..p.n_expert as usize).collect();
+    for i in (1..rank.len()).rev() {
+        rank.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let skew = opts.expert_skew;
+    w.write(out, |t| {
+        let fan_in = t.shape[0] as f32;
+        let name = t.name.as_str();
+        if name.ends_with("_norm.weight") {
+            // Gemma norms multiply by (1 + w); the others by w.
+            let one = if p.arch == "gemma3" { 0.0 } else { 1.0 };
+            return Ok(
+                encode_floats(GgmlType::F32, &vec![one; t.n_elements() as usize])
+                    .unwrap_or_default(),
+            );
+        }
+        if name == "token_embd.weight" && skew > 0.0 {
+            let std = 1.0 / (e as f32).sqrt();
+            let mut v = Vec::with_capacity(t.n_elements() as usize);
+            for _ in 0..t.shape[1] {
+                v.extend(common.iter().map(|c| rng.normal() * std + c));
+            }
+            if let Some(bytes) = encode_floats(t.ggml_type, &v) {
+                return Ok(bytes);
+            }
+        }
+        if name.ends_with("ffn_gate_inp.weight") && skew > 0.0 {
+            let std = 1.0 / fan_in.sqrt();
+            let mut v = Vec::with_capacity(t.n_elements() as usize);
+            for &r in &rank {
+                let lean =
+                    skew * 3.0 * (1.0 - r as f32 / rank.len() as f32) / (e as f32 / 2.0).sqrt();
+                v.extend(common.iter().map(|c| rng.normal() * std + lean * c));
+            }
+            return Ok(encode_floats(GgmlType::F32, &v).unwrap_or_default());
+        }
+        random_tensor(&mut rng, t, 1.0 / fan_in.sqrt())
+    })
+}
+
+/// The names of all presets, for help texts.
+pub fn preset_names() -> Vec<&'static str> {
+    PRESETS.iter().map(|p| p.name).collect()
+}
