@@ -13,7 +13,13 @@ use bloomery::model::synthetic::{preset, write_synthetic, QuantMix, SyntheticOpt
 use bloomery::model::{GgmlType, GgufFile, Hparams, Metadata};
 use model_common::{cache_dir, gguf_py};
 
-const TINY: &[&str] = &["tiny-llama", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma3"];
+const TINY: &[&str] = &[
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-qwen3moe",
+    "tiny-gemma3",
+    "tiny-gpt-oss",
+];
 
 fn vocab() -> Result<PathBuf, String> {
     Ok(gguf_py()?
@@ -127,7 +133,7 @@ fn upstream_llama_server_serves_every_tiny_preset() {
         QuantMix::uniform(GgmlType::Q4K),
         QuantMix {
             weights: GgmlType::Q8_0,
-            experts: GgmlType::Iq4Xs,
+            experts: GgmlType::Mxfp4,
             embeddings: GgmlType::F16,
         },
     ];

@@ -82,6 +82,24 @@ pub const PRESETS: &[Preset] = &[
         ..dense("gemma-3-270m", "gemma3", 18, 640, 2048, (4, 1, 256))
     },
     Preset {
+        n_expert: 4,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        sliding_window: 128,
+        rope_freq_base: 150000.0,
+        ..dense("tiny-gpt-oss", "gpt-oss", 2, 256, 256, (4, 2, 64))
+    },
+    Preset {
+        n_expert: 32,
+        n_expert_used: 4,
+        n_ff_exp: 2880,
+        n_ctx: 131072,
+        rope_freq_base: 150000.0,
+        rms_eps: 1e-5,
+        sliding_window: 128,
+        ..dense("gpt-oss-20b", "gpt-oss", 24, 2880, 2880, (64, 8, 64))
+    },
+    Preset {
         n_expert: 128,
         n_expert_used: 8,
         n_ff_exp: 768,
@@ -250,6 +268,8 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
     let x = p.n_expert as u64;
     let qk_norm = matches!(p.arch, "qwen3" | "qwen3moe" | "gemma3");
     let gemma = p.arch == "gemma3";
+    // gpt-oss: biases everywhere, attention sinks, and the post-attention norm as FFN norm.
+    let oss = p.arch == "gpt-oss";
     let mut l = Layout {
         tensors: Vec::new(),
     };
@@ -266,6 +286,24 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
         l.add(b("attn_k"), mix.weights, &[e, kv]);
         l.add(b("attn_v"), mix.weights, &[e, kv]);
         l.add(b("attn_output"), mix.weights, &[q, e]);
+        if oss {
+            let bias = |s: &str| format!("blk.{i}.{s}.bias");
+            l.add(bias("attn_q"), f32t, &[q]);
+            l.add(bias("attn_k"), f32t, &[kv]);
+            l.add(bias("attn_v"), f32t, &[kv]);
+            l.add(bias("attn_output"), f32t, &[e]);
+            l.add(b("attn_sinks"), f32t, &[p.n_head as u64]);
+            l.add(b("post_attention_norm"), f32t, &[e]);
+            l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+            l.add(bias("ffn_gate_inp"), f32t, &[x]);
+            l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
+            l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
+            l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+            l.add(bias("ffn_gate_exps"), f32t, &[fx, x]);
+            l.add(bias("ffn_up_exps"), f32t, &[fx, x]);
+            l.add(bias("ffn_down_exps"), f32t, &[e, x]);
+            continue;
+        }
         if qk_norm {
             l.add(b("attn_q_norm"), f32t, &[hd]);
             l.add(b("attn_k_norm"), f32t, &[hd]);
@@ -358,6 +396,9 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     w.write(out, |t| {
         let fan_in = t.shape[0] as f32;
         let name = t.name.as_str();
+        if name.ends_with(".bias") || name.ends_with("attn_sinks.weight") {
+            return Ok(vec![0u8; t.size() as usize]);
+        }
         if name.ends_with("_norm.weight") {
             // Gemma norms multiply by (1 + w); the others by w.
             let one = if p.arch == "gemma3" { 0.0 } else { 1.0 };
