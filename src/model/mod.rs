@@ -5,6 +5,7 @@ pub mod error;
 pub mod gguf;
 pub mod hparams;
 pub mod quants;
+pub mod safetensors;
 pub mod synthetic;
 pub mod types;
 pub mod writer;
