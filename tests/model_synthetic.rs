@@ -19,6 +19,7 @@ const TINY: &[&str] = &[
     "tiny-qwen3moe",
     "tiny-gemma3",
     "tiny-gpt-oss",
+    "tiny-deepseek2",
 ];
 
 fn vocab() -> Result<PathBuf, String> {
@@ -62,13 +63,13 @@ fn tiny_presets_read_back() {
         );
         assert_eq!(h.n_vocab, 32000, "{name}");
         assert_eq!(h.moe.map(|m| m.n_expert).unwrap_or(0), p.n_expert);
-        let q = f.tensor("blk.0.attn_q.weight").unwrap();
-        assert_eq!(q.ggml_type, GgmlType::Q4K);
+        let o = f.tensor("blk.0.attn_output.weight").unwrap();
+        assert_eq!(o.ggml_type, GgmlType::Q4K);
         // Weights are scaled like 1/sqrt(fan_in).
-        let mut y = vec![0f32; q.n_elements() as usize];
-        bloomery::model::quants::dequantize(q.ggml_type, f.tensor_data(q), &mut y).unwrap();
+        let mut y = vec![0f32; o.n_elements() as usize];
+        bloomery::model::quants::dequantize(o.ggml_type, f.tensor_data(o), &mut y).unwrap();
         let rms = (y.iter().map(|v| v * v).sum::<f32>() / y.len() as f32).sqrt();
-        let want = 1.0 / (p.n_embd as f32).sqrt();
+        let want = 1.0 / (o.shape[0] as f32).sqrt();
         assert!(
             (rms / want - 1.0).abs() < 0.2,
             "{name}: rms {rms}, want {want}"
