@@ -20,6 +20,7 @@ const TINY: &[&str] = &[
     "tiny-gemma3",
     "tiny-gpt-oss",
     "tiny-deepseek2",
+    "tiny-glm4moe",
 ];
 
 fn vocab() -> Result<PathBuf, String> {

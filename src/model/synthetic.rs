@@ -130,6 +130,27 @@ pub const PRESETS: &[Preset] = &[
         )
     },
     Preset {
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_expert_shared: 1,
+        n_leading_dense: 1,
+        rope_dim: 32,
+        ..dense("tiny-glm4moe", "glm4moe", 2, 256, 512, (4, 2, 64))
+    },
+    Preset {
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 1408,
+        n_expert_shared: 1,
+        n_leading_dense: 1,
+        rope_dim: 64,
+        n_ctx: 131072,
+        rope_freq_base: 1e6,
+        rms_eps: 1e-5,
+        ..dense("glm-4.5-air", "glm4moe", 46, 4096, 10944, (96, 8, 128))
+    },
+    Preset {
         n_expert: 4,
         n_expert_used: 2,
         n_ff_exp: 256,
@@ -334,6 +355,10 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
             mla_layer(&mut l, p, i, mix);
             continue;
         }
+        if p.arch == "glm4moe" {
+            glm_layer(&mut l, p, i, mix);
+            continue;
+        }
         l.add(b("attn_q"), mix.weights, &[e, q]);
         l.add(b("attn_k"), mix.weights, &[e, kv]);
         l.add(b("attn_v"), mix.weights, &[e, kv]);
@@ -414,6 +439,43 @@ fn mla_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
     }
     let shared = fx * p.n_expert_shared as u64;
     l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+    l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
+    l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
+    l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+    l.add(b("ffn_gate_shexp"), mix.weights, &[e, shared]);
+    l.add(b("ffn_up_shexp"), mix.weights, &[e, shared]);
+    l.add(b("ffn_down_shexp"), mix.weights, &[shared, e]);
+}
+
+/// One GLM-4.5 layer: attention with q/k/v biases, the post-attention norm in front of the FFN,
+/// a dense FFN (leading layers) or routed experts with a routing bias plus shared experts.
+fn glm_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
+    let b = |s: &str| format!("blk.{i}.{s}.weight");
+    let bias = |s: &str| format!("blk.{i}.{s}.bias");
+    let (e, q, kv) = (
+        p.n_embd as u64,
+        (p.n_head * p.head_dim) as u64,
+        (p.n_head_kv * p.head_dim) as u64,
+    );
+    let f32t = GgmlType::F32;
+    l.add(b("attn_q"), mix.weights, &[e, q]);
+    l.add(b("attn_k"), mix.weights, &[e, kv]);
+    l.add(b("attn_v"), mix.weights, &[e, kv]);
+    l.add(bias("attn_q"), f32t, &[q]);
+    l.add(bias("attn_k"), f32t, &[kv]);
+    l.add(bias("attn_v"), f32t, &[kv]);
+    l.add(b("attn_output"), mix.weights, &[q, e]);
+    l.add(b("post_attention_norm"), f32t, &[e]);
+    let (f, fx, x) = (p.n_ff as u64, p.n_ff_exp as u64, p.n_expert as u64);
+    if i < p.n_leading_dense {
+        l.add(b("ffn_gate"), mix.weights, &[e, f]);
+        l.add(b("ffn_up"), mix.weights, &[e, f]);
+        l.add(b("ffn_down"), mix.weights, &[f, e]);
+        return;
+    }
+    let shared = fx * p.n_expert_shared as u64;
+    l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+    l.add(bias("exp_probs_b"), f32t, &[x]);
     l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
     l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
     l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
