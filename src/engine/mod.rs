@@ -7,6 +7,15 @@
 
 use std::fmt;
 
+use crate::model::{GgmlType, GgufFile};
+
+mod arch;
+mod attention;
+mod kv;
+mod model;
+mod moe;
+mod weights;
+
 /// A sequence (one slot's conversation) in the KV cache.
 pub type SeqId = u32;
 
@@ -84,4 +93,51 @@ pub trait Forward: Send {
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>);
     /// Copies the cached positions `[0, n)` of `src` into `dst` (prompt-cache reuse).
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32);
+}
+
+/// What `load` needs besides the file: the llama-server options that shape the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineParams {
+    /// Context length per sequence (`-c` divided among `--parallel` slots).
+    pub n_ctx_seq: usize,
+    /// Sequences (slots) that may be cached at once.
+    pub n_seq_max: usize,
+    /// Threads for decode steps (`-t`).
+    pub n_threads: usize,
+    /// Threads for prompt batches (`-tb`).
+    pub n_threads_batch: usize,
+    /// Tokens per forward pass (`-ub`).
+    pub n_ubatch: usize,
+    /// KV cache types (`-ctk`, `-ctv`).
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+}
+
+impl Default for EngineParams {
+    fn default() -> Self {
+        EngineParams {
+            n_ctx_seq: 4096,
+            n_seq_max: 1,
+            n_threads: 2,
+            n_threads_batch: 2,
+            n_ubatch: 512,
+            type_k: GgmlType::F16,
+            type_v: GgmlType::F16,
+        }
+    }
+}
+
+/// Loads the model in `gguf` for the CPU; an architecture we do not serve is refused by name.
+pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, EngineError> {
+    let arch_name = gguf
+        .architecture()
+        .ok_or_else(|| EngineError::Load("the file has no general.architecture".into()))?;
+    let spec = arch::spec(arch_name)?;
+    let keys = arch::Keys {
+        gguf,
+        arch: arch_name,
+    };
+    let hp = arch::Hparams::read(spec, &keys)?;
+    let loader = weights::Loader::new(gguf)?;
+    Ok(Box::new(model::Model::load(spec, hp, &loader, params)?))
 }

@@ -2,6 +2,7 @@
 //! nothing about HTTP or devices.
 
 pub mod error;
+pub mod ftype;
 pub mod gguf;
 pub mod hparams;
 pub mod quants;
@@ -11,6 +12,7 @@ pub mod types;
 pub mod writer;
 
 pub use error::ModelError;
+pub use ftype::file_type_name;
 pub use gguf::{GgufFile, MetaType, MetaValue, TensorInfo};
 pub use hparams::{Hparams, KvOverride, Metadata, OverrideValue};
 pub use types::GgmlType;

@@ -1,1 +1,446 @@
-//! llama.cpp's sampler chain and its parameters.
+//! llama.cpp's sampler chain and its parameters (`common/sampling.cpp` over
+//! `src/llama-sampler.cpp`): logit bias, then the configurable stages in `samplers` order, then
+//! a seeded draw (or mirostat). Knows nothing about HTTP or the engine; it reads one logits row
+//! and returns a token.
+//!
+//! Greedy decoding is not a separate path: `temperature <= 0` keeps only the best logit and the
+//! final draw then has one live candidate, exactly as upstream does.
+
+mod candidates;
+mod rng;
+mod stages;
+
+pub use candidates::{Candidates, TokenData};
+pub use rng::{resolve_seed, Mt19937, DEFAULT_SEED};
+pub use stages::DryVocab;
+
+use stages::{Dist, Dry, Mirostat, MirostatV2, Penalties, Stage, Xtc};
+
+/// A configurable stage of the chain, named as upstream's `samplers` option names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplerType {
+    Dry,
+    TopK,
+    TopP,
+    TopNSigma,
+    TypicalP,
+    MinP,
+    Temperature,
+    Xtc,
+    Infill,
+    Penalties,
+    AdaptiveP,
+}
+
+impl SamplerType {
+    const ALL: [SamplerType; 11] = [
+        SamplerType::Dry,
+        SamplerType::TopK,
+        SamplerType::TopP,
+        SamplerType::TopNSigma,
+        SamplerType::TypicalP,
+        SamplerType::MinP,
+        SamplerType::Temperature,
+        SamplerType::Xtc,
+        SamplerType::Infill,
+        SamplerType::Penalties,
+        SamplerType::AdaptiveP,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerType::Dry => "dry",
+            SamplerType::TopK => "top_k",
+            SamplerType::TopP => "top_p",
+            SamplerType::TopNSigma => "top_n_sigma",
+            SamplerType::TypicalP => "typ_p",
+            SamplerType::MinP => "min_p",
+            SamplerType::Temperature => "temperature",
+            SamplerType::Xtc => "xtc",
+            SamplerType::Infill => "infill",
+            SamplerType::Penalties => "penalties",
+            SamplerType::AdaptiveP => "adaptive_p",
+        }
+    }
+
+    pub fn letter(self) -> char {
+        match self {
+            SamplerType::Dry => 'd',
+            SamplerType::TopK => 'k',
+            SamplerType::TopP => 'p',
+            SamplerType::TopNSigma => 's',
+            SamplerType::TypicalP => 'y',
+            SamplerType::MinP => 'm',
+            SamplerType::Temperature => 't',
+            SamplerType::Xtc => 'x',
+            SamplerType::Infill => 'i',
+            SamplerType::Penalties => 'e',
+            SamplerType::AdaptiveP => 'a',
+        }
+    }
+
+    /// Canonical names, their kebab-case and dashless spellings, and upstream's few aliases;
+    /// case-insensitive.
+    pub fn from_name(name: &str) -> Option<SamplerType> {
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            "nucleus" => return Some(SamplerType::TopP),
+            "temp" => return Some(SamplerType::Temperature),
+            "typ" => return Some(SamplerType::TypicalP),
+            _ => {}
+        }
+        Self::ALL.into_iter().find(|t| {
+            let canonical = t.name();
+            canonical == lower
+                || (canonical.contains('_')
+                    && (canonical.replace('_', "-") == lower
+                        || canonical.replace('_', "") == lower))
+        })
+    }
+
+    pub fn from_letter(c: char) -> Option<SamplerType> {
+        Self::ALL.into_iter().find(|t| t.letter() == c)
+    }
+
+    /// Names that match nothing are skipped with a warning, as upstream does.
+    pub fn parse_names<S: AsRef<str>>(names: &[S]) -> Vec<SamplerType> {
+        names
+            .iter()
+            .filter_map(|n| {
+                let found = SamplerType::from_name(n.as_ref());
+                if found.is_none() {
+                    log::warn!("unable to match sampler by name '{}'", n.as_ref());
+                }
+                found
+            })
+            .collect()
+    }
+
+    pub fn parse_letters(letters: &str) -> Vec<SamplerType> {
+        letters
+            .chars()
+            .filter_map(|c| {
+                let found = SamplerType::from_letter(c);
+                if found.is_none() {
+                    log::warn!("unable to match sampler by char '{c}'");
+                }
+                found
+            })
+            .collect()
+    }
+}
+
+/// Upstream's `common_params_sampling` fields that shape the chain, with its defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub seed: u32,
+    pub n_prev: i32,
+    pub n_probs: i32,
+    pub min_keep: i32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub xtc_probability: f32,
+    pub xtc_threshold: f32,
+    pub typ_p: f32,
+    pub temp: f32,
+    pub dynatemp_range: f32,
+    pub dynatemp_exponent: f32,
+    pub penalty_last_n: i32,
+    pub penalty_repeat: f32,
+    pub penalty_freq: f32,
+    pub penalty_present: f32,
+    pub dry_multiplier: f32,
+    pub dry_base: f32,
+    pub dry_allowed_length: i32,
+    pub dry_penalty_last_n: i32,
+    pub mirostat: i32,
+    pub top_n_sigma: f32,
+    pub mirostat_tau: f32,
+    pub mirostat_eta: f32,
+    pub ignore_eos: bool,
+    pub dry_sequence_breakers: Vec<String>,
+    pub samplers: Vec<SamplerType>,
+    /// (token, bias) pairs; `-inf` bans a token.
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            seed: DEFAULT_SEED,
+            n_prev: 64,
+            n_probs: 0,
+            min_keep: 0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.10,
+            typ_p: 1.0,
+            temp: 0.80,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+            penalty_last_n: 64,
+            penalty_repeat: 1.0,
+            penalty_freq: 0.0,
+            penalty_present: 0.0,
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: 64,
+            mirostat: 0,
+            top_n_sigma: -1.0,
+            mirostat_tau: 5.0,
+            mirostat_eta: 0.10,
+            ignore_eos: false,
+            dry_sequence_breakers: ["\n", ":", "\"", "*"].map(String::from).to_vec(),
+            samplers: vec![
+                SamplerType::Penalties,
+                SamplerType::Dry,
+                SamplerType::TopNSigma,
+                SamplerType::TopK,
+                SamplerType::TypicalP,
+                SamplerType::TopP,
+                SamplerType::MinP,
+                SamplerType::Xtc,
+                SamplerType::Temperature,
+            ],
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+/// Why a chain could not be built.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingError(pub String);
+
+impl std::fmt::Display for SamplingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SamplingError {}
+
+/// One request's sampler: the chain plus the history of accepted tokens.
+pub struct Sampler {
+    stages: Vec<Stage>,
+    candidates: Candidates,
+}
+
+impl Sampler {
+    /// Builds the chain `params` describe. `vocab` is needed only when DRY is on.
+    pub fn new(
+        params: &SamplingParams,
+        n_vocab: usize,
+        vocab: &dyn DryVocab,
+    ) -> Result<Sampler, SamplingError> {
+        let repeat = params.penalty_repeat;
+        if !repeat.is_finite() || repeat <= 0.0 || !(1.0 / repeat).is_finite() {
+            return Err(SamplingError(
+                "penalty_repeat must be finite and greater than 0".into(),
+            ));
+        }
+        if !params.penalty_freq.is_finite() {
+            return Err(SamplingError("penalty_freq must be finite".into()));
+        }
+        if !params.penalty_present.is_finite() {
+            return Err(SamplingError("penalty_present must be finite".into()));
+        }
+        let min_keep = params.min_keep.max(0) as usize;
+        let mut stages = Vec::new();
+        if !params.logit_bias.is_empty() {
+            stages.push(Stage::LogitBias(params.logit_bias.clone()));
+        }
+        match params.mirostat {
+            0 => {
+                for kind in &params.samplers {
+                    let stage = match kind {
+                        SamplerType::Dry => Dry::new(
+                            vocab,
+                            params.dry_multiplier,
+                            params.dry_base,
+                            params.dry_allowed_length,
+                            params.dry_penalty_last_n,
+                            &params.dry_sequence_breakers,
+                        )
+                        .map(Stage::Dry),
+                        SamplerType::TopK => {
+                            (params.top_k > 0).then_some(Stage::TopK(params.top_k as usize))
+                        }
+                        SamplerType::TopP => (params.top_p < 1.0).then_some(Stage::TopP {
+                            p: params.top_p,
+                            min_keep,
+                        }),
+                        SamplerType::TopNSigma => (params.top_n_sigma > 0.0)
+                            .then_some(Stage::TopNSigma(params.top_n_sigma)),
+                        SamplerType::MinP => (params.min_p > 0.0).then_some(Stage::MinP {
+                            p: params.min_p,
+                            min_keep,
+                        }),
+                        SamplerType::Xtc => Xtc::new(
+                            params.xtc_probability,
+                            params.xtc_threshold,
+                            min_keep,
+                            params.seed,
+                        )
+                        .map(Stage::Xtc),
+                        SamplerType::TypicalP => (params.typ_p < 1.0).then_some(Stage::TypicalP {
+                            p: params.typ_p,
+                            min_keep,
+                        }),
+                        SamplerType::Temperature => (params.temp != 1.0
+                            || params.dynatemp_range > 0.0)
+                            .then_some(Stage::TempExt {
+                                temp: params.temp,
+                                delta: params.dynatemp_range,
+                                exponent: params.dynatemp_exponent,
+                            }),
+                        SamplerType::Penalties => Penalties::new(
+                            params.penalty_last_n,
+                            params.penalty_repeat,
+                            params.penalty_freq,
+                            params.penalty_present,
+                        )
+                        .map(Stage::Penalties),
+                        SamplerType::Infill | SamplerType::AdaptiveP => {
+                            return Err(SamplingError(format!(
+                                "sampler '{}' is not supported",
+                                kind.name()
+                            )))
+                        }
+                    };
+                    stages.extend(stage);
+                }
+                stages.push(Stage::Dist(Dist::new(params.seed)));
+            }
+            1 => {
+                if params.temp != 1.0 {
+                    stages.push(Stage::Temp(params.temp));
+                }
+                stages.push(Stage::Mirostat(Mirostat::new(
+                    n_vocab,
+                    params.seed,
+                    params.mirostat_tau,
+                    params.mirostat_eta,
+                    100,
+                )));
+            }
+            2 => {
+                if params.temp != 1.0 {
+                    stages.push(Stage::Temp(params.temp));
+                }
+                stages.push(Stage::MirostatV2(MirostatV2::new(
+                    params.seed,
+                    params.mirostat_tau,
+                    params.mirostat_eta,
+                )));
+            }
+            other => return Err(SamplingError(format!("unknown mirostat version {other}"))),
+        }
+        Ok(Sampler {
+            stages,
+            candidates: Candidates::default(),
+        })
+    }
+
+    /// Records a token into the history (prompt tokens with `is_generated = false`, as upstream
+    /// feeds a slot's prompt before generating).
+    pub fn accept(&mut self, token: u32) {
+        for stage in &mut self.stages {
+            stage.accept(token);
+        }
+    }
+
+    /// Runs the chain over one logits row and returns the selected token.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        self.candidates = Candidates::from_logits(logits);
+        for stage in &mut self.stages {
+            stage.apply(&mut self.candidates);
+        }
+        match self.candidates.selected {
+            Some(i) => Ok(self.candidates.data[i].id),
+            None => Err(SamplingError(
+                "no selected token during sampling - check your sampling configuration".into(),
+            )),
+        }
+    }
+
+    /// The candidates left after the last `sample`, sorted by probability (upstream's
+    /// post-sampling probabilities).
+    pub fn candidates_by_probability(&mut self) -> &Candidates {
+        self.candidates.sort_by_probability();
+        &self.candidates
+    }
+
+    pub fn reset(&mut self) {
+        for stage in &mut self.stages {
+            stage.reset();
+        }
+    }
+
+    /// The seed the drawing stage is using (the resolved one when a random seed was asked for).
+    pub fn seed_in_use(&self) -> u32 {
+        self.stages
+            .iter()
+            .rev()
+            .find_map(Stage::seed_in_use)
+            .unwrap_or(DEFAULT_SEED)
+    }
+
+    /// The stage names in order, as upstream prints the chain.
+    pub fn describe(&self) -> String {
+        self.stages
+            .iter()
+            .map(|s| match s {
+                Stage::LogitBias(_) => "logit-bias",
+                Stage::Penalties(_) => "penalties",
+                Stage::Dry(_) => "dry",
+                Stage::TopNSigma(_) => "top-n-sigma",
+                Stage::TopK(_) => "top-k",
+                Stage::TypicalP { .. } => "typical",
+                Stage::TopP { .. } => "top-p",
+                Stage::MinP { .. } => "min-p",
+                Stage::Xtc(_) => "xtc",
+                Stage::TempExt { .. } => "temp-ext",
+                Stage::Temp(_) => "temp",
+                Stage::Dist(_) => "dist",
+                Stage::Mirostat(_) => "mirostat",
+                Stage::MirostatV2(_) => "mirostat-v2",
+            })
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    }
+}
+
+/// Softmax over a whole logits row with the `n_top` best first (upstream's
+/// `get_token_probabilities`, used for pre-sampling `n_probs`).
+pub fn token_probabilities(logits: &[f32], n_top: usize) -> Vec<TokenData> {
+    let mut cur = Candidates::from_logits(logits);
+    let n_top = n_top.min(cur.len());
+    if n_top > 0 {
+        cur.data
+            .select_nth_unstable_by(n_top - 1, |a, b| b.logit.total_cmp(&a.logit));
+        cur.data[..n_top].sort_by(|a, b| b.logit.total_cmp(&a.logit));
+    }
+    let max_l = if n_top > 0 {
+        cur.data[0].logit
+    } else {
+        cur.data
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, t| m.max(t.logit))
+    };
+    let mut sum = 0.0f32;
+    for t in &mut cur.data {
+        t.p = (t.logit - max_l).exp();
+        sum += t.p;
+    }
+    for t in &mut cur.data {
+        t.p /= sum;
+    }
+    cur.data
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,283 @@
-//! The HTTP server: llama-server's routes on actix-web. Does no model math.
+//! The HTTP server: llama-server's routes on actix-web, over a scheduler thread that owns the
+//! engine. Does no model math: logits come from the engine through [`crate::engine::Forward`],
+//! tokens from [`crate::sampling`].
+//!
+//! Life cycle: [`Server::start`] binds and answers 503 "Loading model" on every route;
+//! [`Server::attach`] hands it the loaded engine; [`Server::wait`] serves until SIGINT/SIGTERM,
+//! then ends in-flight tasks and returns. [`run`] does all three.
+
+pub mod chat;
+pub mod codec;
+mod format;
+mod http;
+pub mod request;
+pub mod scheduler;
+pub mod task;
+pub mod testing;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use actix_web::{middleware::from_fn, web, App, HttpServer};
+
+pub use chat::{ChatRenderer, PlainChat};
+pub use codec::TextCodec;
+pub use scheduler::{SchedulerConfig, SchedulerHandle};
+pub use task::{Event, TaskParams, TaskRequest};
+
+use crate::engine::Forward;
+use http::{AppState, Ready};
+
+/// Everything the server needs from the command line, as plain data (the CLI maps its `Config`
+/// onto this).
+#[derive(Clone, Debug)]
+pub struct ServerParams {
+    pub host: String,
+    /// 0 picks a free port (tests).
+    pub port: u16,
+    pub n_parallel: usize,
+    /// Per-slot context; 0 takes the engine's `n_ctx_seq`.
+    pub n_ctx_slot: usize,
+    pub n_batch: usize,
+    pub n_ubatch: usize,
+    pub api_keys: Vec<String>,
+    /// HTTP read/write timeout, seconds.
+    pub timeout_s: u64,
+    /// HTTP worker threads; -1 picks as upstream does.
+    pub threads_http: i32,
+    pub slot_save_path: Option<PathBuf>,
+    pub slot_prompt_similarity: f32,
+    pub ctx_shift: bool,
+    pub endpoint_slots: bool,
+    pub endpoint_props: bool,
+    pub endpoint_metrics: bool,
+    pub cors_origins: String,
+    pub cors_methods: String,
+    pub cors_headers: String,
+    pub cors_credentials: bool,
+    /// Request defaults: sampling, `n_predict`, `cache_prompt`, `n_cache_reuse`, stop words.
+    pub defaults: TaskParams,
+    /// Reported as `build_info` and `system_fingerprint`.
+    pub build_info: String,
+}
+
+impl Default for ServerParams {
+    fn default() -> Self {
+        ServerParams {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            n_parallel: 4,
+            n_ctx_slot: 0,
+            n_batch: 2048,
+            n_ubatch: 512,
+            api_keys: Vec::new(),
+            timeout_s: 3600,
+            threads_http: -1,
+            slot_save_path: None,
+            slot_prompt_similarity: 0.1,
+            ctx_shift: false,
+            endpoint_slots: true,
+            endpoint_props: false,
+            endpoint_metrics: false,
+            cors_origins: "*".into(),
+            cors_methods: "GET, POST, DELETE, OPTIONS".into(),
+            cors_headers: "*".into(),
+            cors_credentials: true,
+            defaults: TaskParams::default(),
+            build_info: format!("bloomery-{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// What `/v1/models` and `/props` say about the model.
+#[derive(Clone, Debug, Default)]
+pub struct ModelInfo {
+    /// The alias, or the model file's name.
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub path: String,
+    pub ftype: String,
+    pub vocab_type: i32,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_params: u64,
+    pub size: u64,
+    pub bos_token: String,
+    pub eos_token: String,
+}
+
+/// A running HTTP server.
+pub struct Server {
+    state: web::Data<AppState>,
+    addrs: Vec<SocketAddr>,
+    http: actix_web::dev::ServerHandle,
+    http_thread: Option<JoinHandle<std::io::Result<()>>>,
+    scheduler: OnceLock<(SchedulerHandle, JoinHandle<()>)>,
+}
+
+impl Server {
+    /// Binds and starts answering (503 until [`Server::attach`]).
+    pub fn start(params: ServerParams) -> std::io::Result<Server> {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let workers = if params.threads_http > 0 {
+            params.threads_http as usize
+        } else {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (params.n_parallel + 2).max(cores.saturating_sub(1))
+        };
+        let timeout = Duration::from_secs(params.timeout_s.max(1));
+        let bind = (params.host.clone(), params.port);
+        let state = web::Data::new(AppState {
+            params,
+            ready: OnceLock::new(),
+            started,
+        });
+        let app_state = state.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let http_thread = std::thread::Builder::new()
+            .name("http".into())
+            .spawn(move || {
+                actix_web::rt::System::new().block_on(async move {
+                    let bound = HttpServer::new(move || {
+                        App::new()
+                            .app_data(app_state.clone())
+                            .app_data(web::PayloadConfig::new(256 << 20))
+                            .wrap(from_fn(http::gate))
+                            .configure(http::configure)
+                    })
+                    .workers(workers)
+                    .disable_signals()
+                    .client_request_timeout(timeout)
+                    .keep_alive(timeout)
+                    .shutdown_timeout(5)
+                    .bind(bind);
+                    let server = match bound {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    let addrs = server.addrs();
+                    let running = server.run();
+                    let _ = tx.send(Ok((addrs, running.handle())));
+                    running.await
+                })
+            })?;
+        let (addrs, http) = rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the HTTP thread ended before binding"))??;
+        for a in &addrs {
+            log::info!("server is listening on http://{a}");
+        }
+        Ok(Server {
+            state,
+            addrs,
+            http,
+            http_thread: Some(http_thread),
+            scheduler: OnceLock::new(),
+        })
+    }
+
+    /// The bound addresses (the real port when 0 was asked for).
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Hands over the loaded model: routes start serving.
+    pub fn attach(
+        &self,
+        engine: Box<dyn Forward>,
+        codec: Arc<dyn TextCodec>,
+        chat: Arc<dyn ChatRenderer>,
+        model: ModelInfo,
+    ) -> std::io::Result<()> {
+        let p = &self.state.params;
+        let config = SchedulerConfig {
+            n_slots: p.n_parallel.max(1),
+            n_ctx_slot: p.n_ctx_slot,
+            n_ubatch: p.n_ubatch.max(1),
+            slot_prompt_similarity: p.slot_prompt_similarity,
+            ctx_shift: p.ctx_shift,
+            slot_save_path: p.slot_save_path.clone(),
+            n_predict: p.defaults.n_predict,
+        };
+        let (handle, thread) = scheduler::spawn(engine, codec.clone(), config)?;
+        let ready = Ready {
+            scheduler: handle.clone(),
+            codec,
+            chat,
+            model,
+        };
+        if self.state.ready.set(ready).is_err() {
+            handle.shutdown();
+            return Err(std::io::Error::other("a model is already attached"));
+        }
+        let _ = self.scheduler.set((handle, thread));
+        log::info!("model loaded, all slots are idle");
+        Ok(())
+    }
+
+    /// Serves until SIGINT or SIGTERM, then stops.
+    pub fn wait(self) -> std::io::Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                let mut term = signal(SignalKind::terminate())?;
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            #[cfg(not(unix))]
+            tokio::signal::ctrl_c().await?;
+            Ok::<_, std::io::Error>(())
+        })?;
+        log::info!("received a stop signal, shutting down");
+        self.stop();
+        Ok(())
+    }
+
+    /// Ends in-flight tasks (their clients get an error event), stops HTTP and the scheduler.
+    pub fn stop(mut self) {
+        if let Some((handle, _)) = self.scheduler.get() {
+            handle.shutdown();
+        }
+        let http = self.http.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            rt.block_on(http.stop(true));
+        }
+        if let Some(t) = self.http_thread.take() {
+            let _ = t.join();
+        }
+        if let Some((_, thread)) = self.scheduler.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Starts, attaches the model and serves until a stop signal (the binary's entry point).
+pub fn run(
+    params: ServerParams,
+    engine: Box<dyn Forward>,
+    codec: Arc<dyn TextCodec>,
+    chat: Arc<dyn ChatRenderer>,
+    model: ModelInfo,
+) -> std::io::Result<()> {
+    let server = Server::start(params)?;
+    server.attach(engine, codec, chat, model)?;
+    server.wait()
+}

@@ -1,2 +1,14 @@
 //! CPU kernels: threaded matrix-vector and matrix-matrix products on quantized weights, with a
-//! scalar reference path. Knows nothing about models or HTTP.
+//! scalar reference path and AVX2 kernels chosen at run time. Knows nothing about models or HTTP.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod dot;
+pub mod f16;
+pub mod matmul;
+pub mod pool;
+pub mod quant;
+pub mod vec;
+
+pub use matmul::{matmul, QMat};
+pub use pool::ThreadPool;

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""The conformance runner: diffs bloomery-serve's HTTP behaviour against upstream llama-server.
+
+Each scenario (compat/scenarios/*.json) names a server command line and a list of requests. The
+runner starts the server(s) on loopback ports, sends the requests, normalizes what legitimately
+differs between two runs (ids, timestamps, timings, fingerprints) and compares the rest.
+
+  run.py --record --upstream BIN   record upstream's normalized answers into compat/golden/b11434/http
+  run.py --bin BIN                 diff bloomery against the recorded goldens (what CI runs)
+  run.py --live --upstream BIN --bin BIN   diff the two servers directly
+
+Scenarios sharing a server command line share one server process. Writes compat/REPORT.md.
+Uses only the standard library.
+"""
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+GOLDEN = ROOT / "golden" / "b11434" / "http"
+CACHE = Path(os.environ.get("BLOOMERY_CACHE", Path.home() / ".cache" / "bloomery"))
+MODELS = {"$GEMMA": CACHE / "models" / "gemma-3-270m-q4_k_m.gguf"}
+
+# Keys whose values differ between any two runs: compared by type only.
+VOLATILE = {
+    "id", "created", "system_fingerprint", "timings", "t_load", "t_prompt_processing",
+    "t_token_generation", "prompt_ms", "predicted_ms", "prompt_per_second", "predicted_per_second",
+    "prompt_per_token_ms", "predicted_per_token_ms", "build_info", "model_path", "path", "t_start",
+    "completion_probabilities_ms", "seed_cur", "owned_by", "chat_template", "modalities",
+}
+# Response headers that clients read.
+HEADERS = ["content-type", "access-control-allow-origin"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def expand(args):
+    return [str(MODELS.get(a, a)) for a in args]
+
+
+class Server:
+    def __init__(self, binary, server_spec, log_path):
+        self.port = free_port()
+        args = [binary] + expand(server_spec.get("args", [])) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        env = dict(os.environ)
+        env.update(server_spec.get("env", {}))
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{binary} exited with {self.proc.returncode}; see {log_path}")
+            try:
+                status, _, _ = self.request({"method": "GET", "path": "/health"})
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{binary} did not become healthy in 180 s; see {log_path}")
+
+    def request(self, req):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        body = req.get("body")
+        raw = req.get("raw_body")
+        data = raw.encode() if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers.update(req.get("headers", {}))
+        conn.request(req.get("method", "POST"), req["path"], body=data, headers=headers)
+        resp = conn.getresponse()
+        payload = resp.read()
+        hdrs = {k.lower(): v for k, v in resp.getheaders()}
+        conn.close()
+        return resp.status, hdrs, payload
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def normalize(v, key=None):
+    # "id" is volatile as a response id (a string), not as a token id (an integer)
+    if key in VOLATILE and not (key == "id" and isinstance(v, int)):
+        return f"<{type(v).__name__}>"
+    if isinstance(v, str):
+        return v.replace(str(CACHE), "$CACHE")
+    if isinstance(v, dict):
+        return {k: normalize(x, k) for k, x in sorted(v.items())}
+    if isinstance(v, list):
+        return [normalize(x) for x in v]
+    if isinstance(v, float):
+        return round(v, 2)
+    return v
+
+
+def parse_body(hdrs, payload):
+    ctype = hdrs.get("content-type", "")
+    text = payload.decode("utf-8", "replace")
+    if "text/event-stream" in ctype:
+        events = []
+        for block in text.split("\n\n"):
+            for line in block.splitlines():
+                if line.startswith("data: "):
+                    d = line[6:]
+                    try:
+                        events.append(normalize(json.loads(d)))
+                    except ValueError:
+                        events.append(d)
+                elif line.startswith("event: "):
+                    events.append({"event": line[7:]})
+        return {"sse": events}
+    try:
+        return {"json": normalize(json.loads(text))}
+    except ValueError:
+        return {"text": text}
+
+
+def run_scenario(server, scenario):
+    out = []
+    for req in scenario["requests"]:
+        status, hdrs, payload = server.request(req)
+        rec = {"status": status, "headers": {h: hdrs.get(h) for h in HEADERS if h in hdrs}}
+        rec.update(parse_body(hdrs, payload))
+        out.append(rec)
+    return out
+
+
+def first_difference(a, b, path="$"):
+    if type(a) is not type(b):
+        return f"{path}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k}: only in {'expected' if k in a else 'actual'}"
+            d = first_difference(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{path}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}"
+
+
+def load_scenarios(only):
+    out = []
+    for p in sorted((ROOT / "scenarios").glob("*.json")):
+        for sc in json.loads(p.read_text()):
+            if not only or any(o in sc["name"] for o in only):
+                out.append(sc)
+    return out
+
+
+def by_server(scenarios):
+    groups = {}
+    for sc in scenarios:
+        groups.setdefault(json.dumps(sc["server"], sort_keys=True), []).append(sc)
+    return groups.values()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", help="bloomery-serve binary")
+    ap.add_argument("--upstream", help="upstream llama-server binary")
+    ap.add_argument("--record", action="store_true")
+    ap.add_argument("--live", action="store_true")
+    ap.add_argument("--report", default=str(ROOT / "REPORT.md"))
+    ap.add_argument("only", nargs="*", help="run only scenarios whose name contains one of these")
+    a = ap.parse_args()
+    if (a.record or a.live) and not a.upstream:
+        ap.error("--record and --live need --upstream")
+    if not a.record and not a.bin:
+        ap.error("--bin is required unless recording")
+    missing = [str(p) for p in MODELS.values() if not p.exists()]
+    if missing:
+        sys.exit(f"missing test data {missing}: run scripts/fetch-test-data.sh")
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / "bloomery-compat"
+    logs.mkdir(parents=True, exist_ok=True)
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    rows, failed = [], 0
+    for group in by_server(load_scenarios(a.only)):
+        spec = group[0]["server"]
+        ours = Server(a.bin, spec, logs / "bloomery.log") if a.bin and not a.record else None
+        theirs = Server(a.upstream, spec, logs / "upstream.log") if a.record or a.live else None
+        try:
+            for sc in group:
+                gpath = GOLDEN / f"{sc['name']}.json"
+                if a.record:
+                    gpath.write_text(json.dumps(run_scenario(theirs, sc), indent=1, ensure_ascii=False) + "\n")
+                    rows.append((sc["name"], "recorded", ""))
+                    continue
+                expected = run_scenario(theirs, sc) if a.live else (
+                    json.loads(gpath.read_text()) if gpath.exists() else None)
+                if expected is None:
+                    rows.append((sc["name"], "no golden", ""))
+                    failed += 1
+                    continue
+                got = run_scenario(ours, sc)
+                d = first_difference(expected, got)
+                if d and sc.get("known_difference"):
+                    rows.append((sc["name"], "differs (explained)", f"{sc['known_difference']}; {d}"))
+                elif d:
+                    rows.append((sc["name"], "differs", d))
+                    failed += 1
+                else:
+                    rows.append((sc["name"], "equal", ""))
+        finally:
+            for s in (ours, theirs):
+                if s:
+                    s.stop()
+    lines = ["# Conformance report (b11434)", "", "Generated by `compat/run.py`.", "",
+             "| scenario | result | first difference |", "|---|---|---|"]
+    lines += [f"| {n} | {r} | {d.replace('|', '/')} |" for n, r, d in rows]
+    counts = {}
+    for _, r, _ in rows:
+        counts[r] = counts.get(r, 0) + 1
+    lines += ["", "Totals: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))]
+    if not a.record:
+        Path(a.report).write_text("\n".join(lines) + "\n")
+    for n, r, d in rows:
+        print(f"{r:22} {n} {d}")
+    equal = counts.get("equal", 0) + counts.get("differs (explained)", 0) + counts.get("recorded", 0)
+    print(f"compat: {equal} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+//! AVX2 + FMA dot products, the same products as [`super::quant::scalar`] with the integer sums
+//! done in SIMD. Each function is `unsafe` only because the caller must have detected the
+//! features; [`super::dot::kernel`] does that once.
+
+use std::arch::x86_64::*;
+
+use super::f16::f16_to_f32;
+use super::quant::{scale_min_k4, Q8_0_BYTES, Q8_K_BYTES, QK8_0, QK_K};
+
+#[inline(always)]
+fn rd_f16(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Signed bytes `x` times signed bytes `y`, summed in pairs then quads: 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load(b: &[u8], at: usize) -> __m256i {
+    debug_assert!(at + 32 <= b.len());
+    _mm256_loadu_si256(b.as_ptr().add(at) as *const __m256i)
+}
+
+/// 16 packed nibbles -> 32 bytes: low nibbles first, then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibbles(b: &[u8], at: usize) -> __m256i {
+    debug_assert!(at + 16 <= b.len());
+    let q = _mm_loadu_si128(b.as_ptr().add(at) as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// 32 bits -> 32 bytes, 0xff where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let spread = _mm256_shuffle_epi8(v, shuf);
+    let mask = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_0_family(
+    n: usize,
+    w: &[u8],
+    wb: usize,
+    a: &[u8],
+    qs: impl Fn(&[u8]) -> __m256i,
+    dw: impl Fn(&[u8]) -> f32,
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bw, ba) in w
+        .chunks_exact(wb)
+        .zip(a.chunks_exact(Q8_0_BYTES))
+        .take(n / QK8_0)
+    {
+        let d = _mm256_set1_ps(dw(bw) * rd_f16(ba, 0));
+        let p = mul_sum_i8(qs(bw), load(ba, 2));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q8_0_family(n, w, 34, a, |b| load(b, 2), |b| rd_f16(b, 0))
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q8_0_family(
+        n,
+        w,
+        18,
+        a,
+        |b| _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8)),
+        |b| rd_f16(b, 0),
+    )
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q8_0_family(
+        n,
+        w,
+        22,
+        a,
+        |b| {
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+            _mm256_sub_epi8(_mm256_or_si256(nibbles(b, 6), hi), _mm256_set1_epi8(16))
+        },
+        |b| rd_f16(b, 0),
+    )
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let table = _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
+        -2, -3, -4, -6, -8, -12,
+    );
+    q8_0_family(
+        n,
+        w,
+        17,
+        a,
+        |b| _mm256_shuffle_epi8(table, nibbles(b, 1)),
+        |b| e8m0_half(b[0]),
+    )
+}
+
+#[inline(always)]
+fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(((e as u32) - 1) << 23)
+    }
+}
+
+#[inline(always)]
+fn bsums(a: &[u8]) -> [i32; 16] {
+    let mut bs = [0i32; 16];
+    for (j, b) in bs.iter_mut().enumerate() {
+        *b = i16::from_le_bytes([a[260 + 2 * j], a[261 + 2 * j]]) as i32;
+    }
+    bs
+}
+
+#[inline(always)]
+fn rd_f32(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Q4_K and Q5_K share their scale layout; `high_bit(j)` gives sub-block `j`'s fifth bits (Q5_K)
+/// or zero (Q4_K).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (bw, ba) in w
+        .chunks_exact(wb)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let da = rd_f32(ba, 0);
+        let d = rd_f16(bw, 0) * da;
+        let dmin = rd_f16(bw, 2) * da;
+        let scales = &bw[4..16];
+        let bs = bsums(ba);
+        let qs_at = if five { 48 } else { 16 };
+        let qh = if five {
+            load(bw, 16)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sumi = _mm256_setzero_si256();
+        let mut summ = 0i32;
+        for c in 0..4 {
+            let raw = load(bw, qs_at + 32 * c);
+            let mut lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+            if five {
+                // bit 2c of each qh byte belongs to `lo`, bit 2c+1 to `hi`
+                let m_lo = _mm256_set1_epi8(1 << (2 * c));
+                let m_hi = _mm256_set1_epi8(1 << (2 * c + 1));
+                let b_lo = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m_lo), m_lo);
+                let b_hi = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m_hi), m_hi);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(b_lo, _mm256_set1_epi8(16)));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(b_hi, _mm256_set1_epi8(16)));
+            }
+            let (s0, m0) = scale_min_k4(2 * c, scales);
+            let (s1, m1) = scale_min_k4(2 * c + 1, scales);
+            let p0 = _mm256_maddubs_epi16(lo, load(ba, 4 + 64 * c));
+            let p1 = _mm256_maddubs_epi16(hi, load(ba, 4 + 64 * c + 32));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(s0 as i16)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(s1 as i16)));
+            summ += m0 as i32 * (bs[4 * c] + bs[4 * c + 1])
+                + m1 as i32 * (bs[4 * c + 2] + bs[4 * c + 3]);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m += dmin * summ as f32;
+    }
+    hsum(acc) - acc_m
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 144, a, false)
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 176, a, true)
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let m4 = _mm256_set1_epi8(0x0f);
+    for (bw, ba) in w
+        .chunks_exact(210)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let d = rd_f16(bw, 208) * rd_f32(ba, 0);
+        let sc = &bw[192..208];
+        let bs = bsums(ba);
+        let mut corr = 0i32;
+        for (g, &b) in bs.iter().enumerate() {
+            corr += sc[g] as i8 as i32 * b;
+        }
+        let mut sumi = _mm256_setzero_si256();
+        for half in 0..2 {
+            let ql0 = load(bw, half * 64);
+            let ql1 = load(bw, half * 64 + 32);
+            let qh = load(bw, 128 + half * 32);
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c)), 2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), _mm256_set1_epi8(0x30)),
+                ),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                let s_lo = sc[half * 8 + 2 * k] as i8 as i16;
+                let s_hi = sc[half * 8 + 2 * k + 1] as i8 as i16;
+                let scales = _mm256_set_m128i(_mm_set1_epi16(s_hi), _mm_set1_epi16(s_lo));
+                let p = _mm256_maddubs_epi16(*qk, load(ba, 4 + half * 128 + 32 * k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+            }
+        }
+        let total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let full = n / 32 * 32;
+    let mut i = 0;
+    while i < full {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let at = 2 * (i + 8 * k);
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(at) as *const __m128i));
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(at) as *const __m128i));
+            *s = _mm256_fmadd_ps(x, y, *s);
+        }
+        i += 32;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut sum = hsum(v);
+    for j in full..n {
+        sum += rd_f16(w, 2 * j) * rd_f16(a, 2 * j);
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let full = n / 32 * 32;
+    let mut i = 0;
+    while i < full {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let at = 4 * (i + 8 * k);
+            let x = _mm256_loadu_ps(w.as_ptr().add(at) as *const f32);
+            let y = _mm256_loadu_ps(a.as_ptr().add(at) as *const f32);
+            *s = _mm256_fmadd_ps(x, y, *s);
+        }
+        i += 32;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut sum = hsum(v);
+    for j in full..n {
+        sum += rd_f32(w, 4 * j) * rd_f32(a, 4 * j);
+    }
+    sum
+}
+
+/// `y = f16(y + x * v)` elementwise, halves in and out, with one rounding per element as ggml's
+/// F16 flash-attention accumulator does.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
+    let n = y.len().min(x.len() / 2);
+    let full = n / 8 * 8;
+    let vv = _mm256_set1_ps(v);
+    let mut i = 0;
+    while i < full {
+        let py = y.as_mut_ptr().add(i) as *mut __m128i;
+        let yf = _mm256_cvtph_ps(_mm_loadu_si128(py));
+        let xf = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i) as *const __m128i));
+        let r = _mm256_fmadd_ps(xf, vv, yf);
+        _mm_storeu_si128(py, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+        i += 8;
+    }
+    super::vec::mad_f16_scalar(&mut y[full..n], &x[2 * full..2 * n], v);
+}
+
+/// `y = f16(y * v)` elementwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scale_f16(y: &mut [u16], v: f32) {
+    let full = y.len() / 8 * 8;
+    let vv = _mm256_set1_ps(v);
+    let mut i = 0;
+    while i < full {
+        let py = y.as_mut_ptr().add(i) as *mut __m128i;
+        let r = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(py)), vv);
+        _mm_storeu_si128(py, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+        i += 8;
+    }
+    super::vec::scale_f16_scalar(&mut y[full..], v);
+}

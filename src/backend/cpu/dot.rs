@@ -1,0 +1,156 @@
+//! Runtime choice of the dot-product kernel for a weight type: AVX2+FMA when the CPU has it,
+//! the scalar reference otherwise. Decided once per process.
+
+use std::sync::OnceLock;
+
+use super::quant::scalar;
+use crate::model::GgmlType;
+
+/// `n` elements of a weight row against activations in the weight type's `vec_dot_type`.
+pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+}
+
+/// The instruction set the kernels use on this machine (`BLOOMERY_CPU_ISA=scalar` forces the
+/// reference path, for tests and for comparing speeds).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var("BLOOMERY_CPU_ISA").is_ok_and(|v| v == "scalar") {
+            return Isa::Scalar;
+        }
+        detect()
+    })
+}
+
+fn detect() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// The scalar kernel for weights of type `w`, or `None` when we have none.
+pub fn scalar_kernel(w: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    Some(match w {
+        F32 => scalar::f32_f32,
+        F16 => scalar::f16_f16,
+        Q4_0 => scalar::q4_0_q8_0,
+        Q5_0 => scalar::q5_0_q8_0,
+        Q8_0 => scalar::q8_0_q8_0,
+        Mxfp4 => scalar::mxfp4_q8_0,
+        Q4K => scalar::q4_k_q8_k,
+        Q5K => scalar::q5_k_q8_k,
+        Q6K => scalar::q6_k_q8_k,
+        _ => return None,
+    })
+}
+
+/// The fastest kernel this CPU runs for weights of type `w`.
+pub fn kernel(w: GgmlType) -> Option<DotFn> {
+    match isa() {
+        Isa::Scalar => scalar_kernel(w),
+        Isa::Avx2 => simd_kernel(w).or_else(|| scalar_kernel(w)),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_kernel(w: GgmlType) -> Option<DotFn> {
+    use super::avx2;
+    use GgmlType::*;
+    // SAFETY (all): only reached when `isa()` detected avx2, fma and f16c.
+    Some(match w {
+        F32 => |n, w, a| unsafe { avx2::f32_f32(n, w, a) },
+        F16 => |n, w, a| unsafe { avx2::f16_f16(n, w, a) },
+        Q4_0 => |n, w, a| unsafe { avx2::q4_0_q8_0(n, w, a) },
+        Q5_0 => |n, w, a| unsafe { avx2::q5_0_q8_0(n, w, a) },
+        Q8_0 => |n, w, a| unsafe { avx2::q8_0_q8_0(n, w, a) },
+        Mxfp4 => |n, w, a| unsafe { avx2::mxfp4_q8_0(n, w, a) },
+        Q4K => |n, w, a| unsafe { avx2::q4_k_q8_k(n, w, a) },
+        Q5K => |n, w, a| unsafe { avx2::q5_k_q8_k(n, w, a) },
+        Q6K => |n, w, a| unsafe { avx2::q6_k_q8_k(n, w, a) },
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_kernel(_w: GgmlType) -> Option<DotFn> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::quant::{act_row_bytes, quantize_act, vec_dot_type};
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn f(&mut self) -> f32 {
+            (self.next() % 20001) as f32 / 10000.0 - 1.0
+        }
+    }
+
+    /// Random weight bytes with sane block scales (a random f16 could be inf or NaN).
+    fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+        let mut w: Vec<u8> = (0..ty.bytes_for(n as u64).unwrap())
+            .map(|_| rng.next() as u8)
+            .collect();
+        let half = |v: f32| super::super::f16::f32_to_f16(v).to_le_bytes();
+        let bs = ty.type_size();
+        for b in w.chunks_exact_mut(bs) {
+            match ty {
+                GgmlType::F32 => b.copy_from_slice(&rng.f().to_le_bytes()),
+                GgmlType::F16 => b.copy_from_slice(&half(rng.f())),
+                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+                    b[..2].copy_from_slice(&half(rng.f() * 0.01))
+                }
+                GgmlType::Mxfp4 => b[0] = 110 + (rng.next() % 20) as u8,
+                GgmlType::Q4K | GgmlType::Q5K => {
+                    b[..2].copy_from_slice(&half(rng.f() * 0.01));
+                    b[2..4].copy_from_slice(&half(rng.f() * 0.01));
+                }
+                GgmlType::Q6K => b[208..210].copy_from_slice(&half(rng.f() * 0.01)),
+                _ => unreachable!(),
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn simd_kernels_agree_with_scalar() {
+        use GgmlType::*;
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for ty in [F32, F16, Q4_0, Q5_0, Q8_0, Mxfp4, Q4K, Q5K, Q6K] {
+            let n = 512;
+            let act = vec_dot_type(ty).unwrap();
+            let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            let mut a = vec![0u8; act_row_bytes(act, n)];
+            quantize_act(act, &x, &mut a);
+            let w = random_weights(ty, n, &mut rng);
+            let reference = scalar_kernel(ty).unwrap()(n, &w, &a);
+            let fast = kernel(ty).unwrap()(n, &w, &a);
+            let tol = 1e-4 * reference.abs().max(1.0);
+            assert!(
+                (reference - fast).abs() <= tol,
+                "{ty}: scalar {reference} simd {fast}"
+            );
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Threaded products of a weight matrix (rows of quantized blocks, as ggml stores them) with a
+//! batch of activation rows: `out[t][r] = dot(w.row(r), x[t])`. Activations are converted once to
+//! the weight type's `vec_dot_type`; threads split the weight rows, and each thread walks a small
+//! tile of rows across every token so the weights are read from memory once per batch.
+
+use super::dot::{kernel, DotFn};
+use super::pool::{split_range, SyncPtr, ThreadPool};
+use super::quant::{act_row_bytes, quantize_act, vec_dot_type};
+use crate::model::GgmlType;
+
+/// A 2-D weight: `rows` rows of `cols` elements of type `ty`, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct QMat<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> QMat<'a> {
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.type_size()
+    }
+
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Rows `[r0, r1)` as a matrix of their own (one expert of a stacked expert tensor).
+    pub fn rows(&self, r0: usize, r1: usize) -> QMat<'a> {
+        let rb = self.row_bytes();
+        QMat {
+            ty: self.ty,
+            rows: r1 - r0,
+            cols: self.cols,
+            data: &self.data[r0 * rb..r1 * rb],
+        }
+    }
+}
+
+/// Rows of weights handled together by one thread before moving to the next tile.
+const ROW_TILE: usize = 16;
+/// Tokens handled together inside a row tile.
+const TOKEN_TILE: usize = 64;
+
+/// Activations converted for one weight type, reusable across several products with weights of
+/// the same `vec_dot_type` (q, k and v share one conversion).
+pub struct Activations {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub n: usize,
+    pub data: Vec<u8>,
+}
+
+impl Activations {
+    pub fn new() -> Activations {
+        Activations {
+            ty: GgmlType::F32,
+            cols: 0,
+            n: 0,
+            data: Vec::new(),
+        }
+    }
+
+    /// Converts `n` rows of `cols` floats for products with weights of type `w`.
+    pub fn prepare(&mut self, pool: &ThreadPool, w: GgmlType, x: &[f32], cols: usize, n: usize) {
+        let ty = vec_dot_type(w).unwrap_or_else(|| panic!("no kernel for {w}: checked at load"));
+        let rb = act_row_bytes(ty, cols);
+        self.ty = ty;
+        self.cols = cols;
+        self.n = n;
+        self.data.resize(rb * n, 0);
+        if n < 4 {
+            for t in 0..n {
+                quantize_act(
+                    ty,
+                    &x[t * cols..(t + 1) * cols],
+                    &mut self.data[t * rb..(t + 1) * rb],
+                );
+            }
+            return;
+        }
+        let out = SyncPtr::new(self.data.as_mut_ptr());
+        pool.run(|ith, nth| {
+            let (t0, t1) = split_range(n, ith, nth, 1);
+            for t in t0..t1 {
+                // SAFETY: each thread writes its own token rows of `data`, sized above.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(t * rb), rb) };
+                quantize_act(ty, &x[t * cols..(t + 1) * cols], dst);
+            }
+        });
+    }
+
+    pub fn row(&self, t: usize) -> &[u8] {
+        let rb = act_row_bytes(self.ty, self.cols);
+        &self.data[t * rb..(t + 1) * rb]
+    }
+}
+
+impl Default for Activations {
+    fn default() -> Self {
+        Activations::new()
+    }
+}
+
+/// `out[t * w.rows + r] = w.row(r) . x[t]` for the `n` rows of `x` (`n * w.cols` floats).
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &QMat,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    act: &mut Activations,
+) {
+    act.prepare(pool, w.ty, x, w.cols, n);
+    matmul_prepared(pool, w, act, out);
+}
+
+/// [`matmul`] on activations already converted by [`Activations::prepare`] for `w.ty`.
+pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut [f32]) {
+    assert_eq!(act.cols, w.cols, "activation width");
+    assert!(out.len() >= act.n * w.rows, "output holds n x rows");
+    let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    let out = SyncPtr::new(out.as_mut_ptr());
+    pool.run(|ith, nth| {
+        let (r0, r1) = split_range(w.rows, ith, nth, ROW_TILE);
+        // SAFETY: this thread writes only columns [r0, r1) of every output row.
+        unsafe { tile_loop(dot, w, act, r0, r1, out) };
+    });
+}
+
+/// The single-threaded body, also used for products too small to be worth splitting.
+unsafe fn tile_loop(
+    dot: DotFn,
+    w: &QMat,
+    act: &Activations,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let n = act.n;
+    let mut rb = r0;
+    while rb < r1 {
+        let re = (rb + ROW_TILE).min(r1);
+        let mut tb = 0;
+        while tb < n {
+            let te = (tb + TOKEN_TILE).min(n);
+            for r in rb..re {
+                let wr = w.row(r);
+                for t in tb..te {
+                    *out.get().add(t * w.rows + r) = dot(w.cols, wr, act.row(t));
+                }
+            }
+            tb = te;
+        }
+        rb = re;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::f16::f32_to_f16;
+
+    #[test]
+    fn matmul_matches_row_by_row_dots() {
+        let pool = ThreadPool::new(2);
+        let (rows, cols, n) = (37, 64, 5);
+        let mut data = Vec::new();
+        for r in 0..rows {
+            for b in 0..cols / 32 {
+                data.extend_from_slice(&f32_to_f16(0.01 * (r + b) as f32).to_le_bytes());
+                data.extend((0..32).map(|i| ((i * 7 + r) % 255) as u8));
+            }
+        }
+        let w = QMat {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            data: &data,
+        };
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i % 13) as f32 - 6.0) * 0.1)
+            .collect();
+        let mut out = vec![0.0; n * rows];
+        let mut act = Activations::new();
+        matmul(&pool, &w, &x, n, &mut out, &mut act);
+        let dot = kernel(GgmlType::Q8_0).unwrap();
+        for t in 0..n {
+            for r in 0..rows {
+                assert_eq!(out[t * rows + r], dot(cols, w.row(r), act.row(t)));
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! What a template can do (system role, typed content, tool calls, object arguments, ...),
+//! found the way upstream finds it: by rendering small probe conversations and looking at what
+//! the template did with them. Upstream watches which input values the template touched; we
+//! look for marker strings in the output, which gives the same answers for the templates in
+//! use and needs no instrumented engine.
+
+use serde_json::{json, Value as Json};
+
+/// Capabilities of one template, named as upstream reports them in `/props`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub supports_string_content: bool,
+    pub supports_typed_content: bool,
+    pub supports_system_role: bool,
+    pub supports_tools: bool,
+    pub supports_tool_calls: bool,
+    pub supports_parallel_tool_calls: bool,
+    pub supports_object_arguments: bool,
+    pub supports_preserve_reasoning: bool,
+}
+
+const STRING_MARKER: &str = "STRING_MARKER";
+const TYPED_MARKER: &str = "TYPED_MARKER";
+const SYSTEM_MARKER: &str = "SYSTEM_MARKER";
+const TOOL_MARKER: &str = "TOOL_NAME_MARKER";
+const CALL_MARKER: &str = "CALL_NAME_MARKER";
+const ARG_MARKER: &str = "ARG_VALUE_MARKER";
+const SECOND_CALL_MARKER: &str = "SECOND_CALL_MARKER";
+const REASONING_MARKER: &str = "<REASONING_CONTENT_PLACEHOLDER>";
+
+/// Probes a template through `render(context) -> Ok(output) | Err`.
+pub(crate) fn detect(render: impl Fn(&Json) -> Option<String>) -> Caps {
+    let probe = |messages: Json, tools: Option<Json>, extra: Json| {
+        let mut ctx = json!({
+            "messages": messages,
+            "tools": tools.unwrap_or_else(|| json!([])),
+            "bos_token": "",
+            "eos_token": "",
+            "add_generation_prompt": true,
+        });
+        if let (Some(ctx), Some(extra)) = (ctx.as_object_mut(), extra.as_object()) {
+            ctx.extend(extra.clone());
+        }
+        render(&ctx)
+    };
+    let user = |text: &str| json!({"role": "user", "content": text});
+
+    let as_string = probe(json!([user(STRING_MARKER)]), None, json!({}));
+    let typed_parts =
+        json!([{"role": "user", "content": [{"type": "text", "text": TYPED_MARKER}]}]);
+    let as_typed = probe(typed_parts, None, json!({}));
+    // a template that only prints `content` shows a list's Python form, which still holds the
+    // marker, so a typed success must show the text without its surrounding dict
+    let typed_ok = as_typed.as_deref().is_some_and(|out| {
+        out.contains(TYPED_MARKER)
+            && !out.contains(&format!("'{TYPED_MARKER}'"))
+            && !out.contains(&format!("\"{TYPED_MARKER}\""))
+    });
+    let string_ok = match &as_string {
+        None => false,
+        Some(out) => out.contains(STRING_MARKER) || !typed_ok,
+    };
+
+    let system = probe(
+        json!([{"role": "system", "content": SYSTEM_MARKER}, user("User message")]),
+        None,
+        json!({}),
+    );
+    let supports_system_role = system
+        .as_deref()
+        .is_some_and(|out| out.contains(SYSTEM_MARKER));
+
+    let tools = json!([{
+        "name": "tool",
+        "type": "function",
+        "function": {
+            "name": TOOL_MARKER,
+            "description": "Tool description",
+            "parameters": {
+                "type": "object",
+                "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                "required": ["arg"],
+            },
+        },
+    }]);
+    let call = |name: &str, args: Json, id: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}});
+    let tool_conversation = |calls: Json| {
+        json!([
+            user("User message"),
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+            {"role": "assistant", "content": "The tool response was 'tool response'"},
+            user("User message"),
+        ])
+    };
+
+    let object_args = probe(
+        tool_conversation(json!([call(
+            CALL_MARKER,
+            json!({"arg": ARG_MARKER}),
+            "call00001"
+        )])),
+        Some(tools.clone()),
+        json!({}),
+    );
+    let mut supports_tools = true;
+    let mut supports_tool_calls = true;
+    let mut supports_object_arguments = false;
+    if let Some(out) = &object_args {
+        supports_tools = out.contains(TOOL_MARKER);
+        supports_tool_calls = out.contains(CALL_MARKER);
+        supports_object_arguments = supports_tool_calls && out.contains(ARG_MARKER);
+    }
+    if !supports_object_arguments {
+        let string_args = format!("{{\"arg\": \"{ARG_MARKER}\"}}");
+        let out = probe(
+            tool_conversation(json!([call(CALL_MARKER, json!(string_args), "call00001")])),
+            Some(tools.clone()),
+            json!({}),
+        );
+        match out {
+            None => {
+                supports_tools = false;
+                supports_tool_calls = false;
+            }
+            Some(out) => {
+                supports_tools = out.contains(TOOL_MARKER);
+                supports_tool_calls = out.contains(CALL_MARKER);
+            }
+        }
+    }
+
+    let args = if supports_object_arguments {
+        json!({"arg": "value"})
+    } else {
+        json!("{\"arg\": \"value\"}")
+    };
+    let parallel = probe(
+        tool_conversation(json!([
+            call(CALL_MARKER, args.clone(), "call00001"),
+            call(SECOND_CALL_MARKER, args, "call00002"),
+        ])),
+        Some(tools),
+        json!({}),
+    );
+    let supports_parallel_tool_calls = parallel
+        .as_deref()
+        .is_some_and(|out| out.contains(SECOND_CALL_MARKER));
+
+    let reasoning = probe(
+        json!([
+            user("User message"),
+            {"role": "assistant", "content": "Assistant message", "reasoning_content": REASONING_MARKER},
+            user("User message"),
+            {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
+            user("User message"),
+        ]),
+        None,
+        json!({
+            "enable_thinking": true,
+            "preserve_thinking": true,
+            "clear_thinking": false,
+            "truncate_history_thinking": false,
+            "drop_thinking": false,
+        }),
+    );
+    let supports_preserve_reasoning = reasoning
+        .as_deref()
+        .is_some_and(|out| out.contains(REASONING_MARKER));
+
+    Caps {
+        supports_string_content: string_ok,
+        supports_typed_content: typed_ok,
+        supports_system_role,
+        supports_tools,
+        supports_tool_calls,
+        supports_parallel_tool_calls,
+        supports_object_arguments,
+        supports_preserve_reasoning,
+    }
+}

@@ -1,0 +1,243 @@
+//! The KV cache: per sequence, per layer, one K row and one V row per cached position, stored in
+//! the cache type (`-ctk` / `-ctv`: F16 by default, Q8_0 or Q4_0). Cells keep their positions, so
+//! any range can be removed and sequences can be copied for prompt reuse.
+
+use std::collections::BTreeMap;
+
+use super::{EngineError, SeqId};
+use crate::backend::cpu::quant::quantize_kv_row;
+use crate::model::GgmlType;
+
+/// One sequence's cells: `pos[c]` is cell `c`'s position; layer `l`'s K row of cell `c` is
+/// `k[l][c * k_row .. (c + 1) * k_row]`.
+#[derive(Clone, Debug, Default)]
+pub struct SeqCells {
+    pub pos: Vec<u32>,
+    pub k: Vec<Vec<u8>>,
+    pub v: Vec<Vec<u8>>,
+}
+
+pub struct KvCache {
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+    /// Bytes of one cell's K (V) row: all KV heads.
+    pub k_row: usize,
+    pub v_row: usize,
+    n_layer: usize,
+    n_ctx_seq: usize,
+    n_seq_max: usize,
+    seqs: BTreeMap<SeqId, SeqCells>,
+}
+
+pub fn check_kv_type(ty: GgmlType, width: usize, which: &str) -> Result<(), EngineError> {
+    match ty {
+        GgmlType::F16 | GgmlType::F32 => Ok(()),
+        GgmlType::Q8_0 | GgmlType::Q4_0 if width.is_multiple_of(32) => Ok(()),
+        GgmlType::Q8_0 | GgmlType::Q4_0 => Err(EngineError::Load(format!(
+            "{which} cache type {ty} needs rows that are a multiple of 32 elements, the model's are {width}"
+        ))),
+        other => Err(EngineError::Load(format!(
+            "{which} cache type {other} is not supported (f32, f16, q8_0, q4_0)"
+        ))),
+    }
+}
+
+impl KvCache {
+    pub fn new(
+        type_k: GgmlType,
+        type_v: GgmlType,
+        k_width: usize,
+        v_width: usize,
+        n_layer: usize,
+        n_ctx_seq: usize,
+        n_seq_max: usize,
+    ) -> Result<KvCache, EngineError> {
+        check_kv_type(type_k, k_width, "K")?;
+        check_kv_type(type_v, v_width, "V")?;
+        let row = |ty: GgmlType, w: usize| w / ty.block_size() * ty.type_size();
+        Ok(KvCache {
+            type_k,
+            type_v,
+            k_row: row(type_k, k_width),
+            v_row: row(type_v, v_width),
+            n_layer,
+            n_ctx_seq,
+            n_seq_max,
+            seqs: BTreeMap::new(),
+        })
+    }
+
+    pub fn n_ctx_seq(&self) -> usize {
+        self.n_ctx_seq
+    }
+
+    pub fn n_seq_max(&self) -> usize {
+        self.n_seq_max
+    }
+
+    pub fn seq(&self, s: SeqId) -> Option<&SeqCells> {
+        self.seqs.get(&s)
+    }
+
+    /// Cells in use by `s`.
+    pub fn len(&self, s: SeqId) -> usize {
+        self.seqs.get(&s).map_or(0, |c| c.pos.len())
+    }
+
+    /// Reserves a cell at `pos` for `s` in every layer and returns its index. A cell already at
+    /// `pos` is reused (the new K/V overwrite it).
+    pub fn alloc(&mut self, s: SeqId, pos: u32) -> Result<usize, EngineError> {
+        let n_layer = self.n_layer;
+        let cells = self.seqs.entry(s).or_insert_with(|| SeqCells {
+            pos: Vec::new(),
+            k: vec![Vec::new(); n_layer],
+            v: vec![Vec::new(); n_layer],
+        });
+        if let Some(c) = cells.pos.iter().rposition(|&p| p == pos) {
+            return Ok(c);
+        }
+        if cells.pos.len() >= self.n_ctx_seq {
+            return Err(EngineError::NoSpace {
+                seq: s,
+                needed: cells.pos.len() + 1,
+                capacity: self.n_ctx_seq,
+            });
+        }
+        cells.pos.push(pos);
+        for l in 0..n_layer {
+            cells.k[l].resize(cells.pos.len() * self.k_row, 0);
+            cells.v[l].resize(cells.pos.len() * self.v_row, 0);
+        }
+        Ok(cells.pos.len() - 1)
+    }
+
+    /// Stores layer `l`'s K and V (f32, `k_width` / `v_width` long) in cell `c` of `s`.
+    pub fn store(&mut self, s: SeqId, l: usize, c: usize, k: &[f32], v: &[f32]) {
+        let (kr, vr) = (self.k_row, self.v_row);
+        let (tk, tv) = (self.type_k, self.type_v);
+        let cells = self.seqs.get_mut(&s).expect("alloc before store");
+        quantize_kv_row(tk, k, &mut cells.k[l][c * kr..(c + 1) * kr]);
+        quantize_kv_row(tv, v, &mut cells.v[l][c * vr..(c + 1) * vr]);
+    }
+
+    /// Cells in `[p0, p1)` before this call, for a caller that counts room ahead of a batch.
+    pub fn count_in(&self, s: SeqId, p0: u32, p1: u32) -> usize {
+        self.seqs
+            .get(&s)
+            .map_or(0, |c| c.pos.iter().filter(|&&p| p >= p0 && p < p1).count())
+    }
+
+    pub fn seq_rm(&mut self, s: SeqId, p0: u32, p1: Option<u32>) {
+        let Some(cells) = self.seqs.get_mut(&s) else {
+            return;
+        };
+        let p1 = p1.unwrap_or(u32::MAX);
+        let keep: Vec<bool> = cells.pos.iter().map(|&p| p < p0 || p >= p1).collect();
+        if keep.iter().all(|&k| k) {
+            return;
+        }
+        let compact = |data: &mut Vec<u8>, row: usize| {
+            let mut w = 0;
+            for (c, &k) in keep.iter().enumerate() {
+                if k {
+                    data.copy_within(c * row..(c + 1) * row, w * row);
+                    w += 1;
+                }
+            }
+            data.truncate(w * row);
+        };
+        for l in 0..self.n_layer {
+            compact(&mut cells.k[l], self.k_row);
+            compact(&mut cells.v[l], self.v_row);
+        }
+        let mut i = 0;
+        cells.pos.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        if cells.pos.is_empty() {
+            self.seqs.remove(&s);
+        }
+    }
+
+    pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
+        if src == dst {
+            return;
+        }
+        self.seq_rm(dst, 0, None);
+        let Some(from) = self.seqs.get(&src) else {
+            return;
+        };
+        let mut copy = SeqCells {
+            pos: Vec::new(),
+            k: vec![Vec::new(); self.n_layer],
+            v: vec![Vec::new(); self.n_layer],
+        };
+        for (c, &p) in from.pos.iter().enumerate() {
+            if p < n {
+                copy.pos.push(p);
+                for l in 0..self.n_layer {
+                    copy.k[l].extend_from_slice(&from.k[l][c * self.k_row..(c + 1) * self.k_row]);
+                    copy.v[l].extend_from_slice(&from.v[l][c * self.v_row..(c + 1) * self.v_row]);
+                }
+            }
+        }
+        if !copy.pos.is_empty() {
+            self.seqs.insert(dst, copy);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache() -> KvCache {
+        KvCache::new(GgmlType::F16, GgmlType::F16, 4, 4, 2, 8, 4).unwrap()
+    }
+
+    fn fill(kv: &mut KvCache, s: SeqId, n: u32) {
+        for p in 0..n {
+            let c = kv.alloc(s, p).unwrap();
+            let row = [p as f32; 4];
+            for l in 0..2 {
+                kv.store(s, l, c, &row, &row);
+            }
+        }
+    }
+
+    #[test]
+    fn remove_copy_and_capacity() {
+        let mut kv = cache();
+        fill(&mut kv, 0, 6);
+        kv.seq_rm(0, 2, Some(4));
+        assert_eq!(kv.seq(0).unwrap().pos, vec![0, 1, 4, 5]);
+        // the rows moved with their positions
+        assert_eq!(
+            &kv.seq(0).unwrap().k[1][2 * 8..2 * 8 + 2],
+            &0x4400u16.to_le_bytes()
+        );
+        kv.seq_cp(0, 3, 5);
+        assert_eq!(kv.seq(3).unwrap().pos, vec![0, 1, 4]);
+        kv.seq_rm(0, 1, None);
+        assert_eq!(kv.seq(0).unwrap().pos, vec![0]);
+        kv.seq_rm(0, 0, None);
+        assert!(kv.seq(0).is_none());
+        fill(&mut kv, 1, 8);
+        assert_eq!(
+            kv.alloc(1, 8),
+            Err(EngineError::NoSpace {
+                seq: 1,
+                needed: 9,
+                capacity: 8
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_block_types_on_odd_rows() {
+        assert!(KvCache::new(GgmlType::Q8_0, GgmlType::F16, 40, 40, 1, 8, 1).is_err());
+        assert!(KvCache::new(GgmlType::Q4K, GgmlType::F16, 256, 256, 1, 8, 1).is_err());
+        assert!(KvCache::new(GgmlType::Q8_0, GgmlType::Q4_0, 64, 64, 1, 8, 1).is_ok());
+    }
+}

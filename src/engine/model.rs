@@ -1,0 +1,588 @@
+//! The decoder-only transformer, written once over [`ArchSpec`]: pre-norm attention (GQA, RoPE,
+//! optional Q/K norms, sliding windows) and a gated FFN (dense or mixture of experts), with the
+//! optional post-norms some families add. Each operation mirrors the rounding of ggml's CPU
+//! backend where it decides greedy tokens (activation quantization, f16 KV, GELU through f16).
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::arch::{Act, ArchSpec, Hparams, RopeKind};
+use super::attention::{attend, AttnMode, AttnShape};
+use super::kv::KvCache;
+use super::weights::{Loader, Tensor};
+use super::{Batch, EngineError, EngineParams, Forward, SeqId};
+use crate::backend::cpu::f16::{f16_to_f32, f32_to_f16};
+use crate::backend::cpu::matmul::{matmul, Activations};
+use crate::backend::cpu::quant::QK8_0;
+use crate::backend::cpu::ThreadPool;
+use crate::model::GgmlType;
+
+enum Ffn {
+    Dense {
+        gate: Tensor,
+        up: Tensor,
+        down: Tensor,
+    },
+    Moe {
+        router: Tensor,
+        gate: Tensor,
+        up: Tensor,
+        down: Tensor,
+    },
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    wo: Tensor,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    bo: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+    post_ffn_norm: Option<Vec<f32>>,
+    swa: bool,
+    rope_base: f32,
+    rope_scale: f32,
+}
+
+pub struct Model {
+    spec: &'static ArchSpec,
+    hp: Hparams,
+    n_vocab: usize,
+    tok_embd: Tensor,
+    /// `None`: the output head is `tok_embd` (tied embeddings).
+    output: Option<Tensor>,
+    output_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    kv: KvCache,
+    n_ubatch: usize,
+    pool: ThreadPool,
+    /// Pool for prompts when `-tb` differs from `-t`.
+    pool_batch: Option<ThreadPool>,
+    buf: Buffers,
+}
+
+#[derive(Default)]
+struct Buffers {
+    x: Vec<f32>,
+    cur: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    ffn: Vec<f32>,
+    act: Activations,
+    logits: Vec<f32>,
+}
+
+/// Types the embedding rows can be read from (until the model module's dequantizers land).
+const EMBD_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0];
+
+impl Model {
+    pub fn load(
+        spec: &'static ArchSpec,
+        hp: Hparams,
+        ld: &Loader,
+        params: &EngineParams,
+    ) -> Result<Model, EngineError> {
+        let n_embd = hp.n_embd;
+        let info = ld
+            .gguf
+            .tensor("token_embd.weight")
+            .ok_or_else(|| EngineError::Load("missing tensor token_embd.weight".into()))?;
+        let n_vocab = info.shape.get(1).copied().unwrap_or(0) as usize;
+        let tok_embd = ld.matrix("token_embd.weight", &[n_embd, n_vocab])?;
+        if !EMBD_TYPES.contains(&tok_embd.ty) {
+            return Err(EngineError::Load(format!(
+                "token_embd.weight has type {}, embeddings are read from f32, f16, q8_0 or q4_0 only",
+                tok_embd.ty
+            )));
+        }
+        let output = ld.optional_matrix("output.weight", &[n_embd, n_vocab])?;
+        let output_norm = ld.vector("output_norm.weight", n_embd)?;
+        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+        let (nq, nkv) = (hp.n_head * hk, hp.n_head_kv * hk);
+        let nv = hp.n_head_kv * hv;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let t = |name: &str| format!("blk.{il}.{name}");
+            let norm = |name: &str| ld.vector(&t(name), n_embd);
+            let opt_norm = |name: &str, n| ld.optional_vector(&t(name), n);
+            let ffn = if hp.n_expert > 0 {
+                let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
+                Ffn::Moe {
+                    router: ld.matrix(&t("ffn_gate_inp.weight"), &[n_embd, ne])?,
+                    gate: ld.matrix(&t("ffn_gate_exps.weight"), &[n_embd, nf, ne])?,
+                    up: ld.matrix(&t("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
+                    down: ld.matrix(&t("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
+                }
+            } else {
+                Ffn::Dense {
+                    gate: ld.matrix(&t("ffn_gate.weight"), &[n_embd, hp.n_ff])?,
+                    up: ld.matrix(&t("ffn_up.weight"), &[n_embd, hp.n_ff])?,
+                    down: ld.matrix(&t("ffn_down.weight"), &[hp.n_ff, n_embd])?,
+                }
+            };
+            let swa = hp.swa_layers[il];
+            let qk_norm = |name: &str| {
+                if spec.qk_norm {
+                    ld.vector(&t(name), hk).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let post = |name: &str| {
+                if spec.post_norms {
+                    norm(name).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: norm("attn_norm.weight")?,
+                wq: ld.matrix(&t("attn_q.weight"), &[n_embd, nq])?,
+                wk: ld.matrix(&t("attn_k.weight"), &[n_embd, nkv])?,
+                wv: ld.matrix(&t("attn_v.weight"), &[n_embd, nv])?,
+                wo: ld.matrix(&t("attn_output.weight"), &[hp.n_head * hv, n_embd])?,
+                bq: opt_norm("attn_q.bias", nq)?,
+                bk: opt_norm("attn_k.bias", nkv)?,
+                bv: opt_norm("attn_v.bias", nv)?,
+                bo: opt_norm("attn_output.bias", n_embd)?,
+                q_norm: qk_norm("attn_q_norm.weight")?,
+                k_norm: qk_norm("attn_k_norm.weight")?,
+                post_attn_norm: post("post_attention_norm.weight")?,
+                ffn_norm: norm("ffn_norm.weight")?,
+                ffn,
+                post_ffn_norm: post("post_ffw_norm.weight")?,
+                swa,
+                rope_base: if swa { hp.rope_base_swa } else { hp.rope_base },
+                rope_scale: if swa { 1.0 } else { hp.rope_scale },
+            });
+        }
+        let kv = KvCache::new(
+            params.type_k,
+            params.type_v,
+            nkv,
+            nv,
+            hp.n_layer,
+            params.n_ctx_seq,
+            params.n_seq_max,
+        )?;
+        if params.type_k != GgmlType::F16 && params.type_k != GgmlType::F32 && hk % QK8_0 != 0 {
+            return Err(EngineError::Load(format!(
+                "K cache type {} needs a head size that is a multiple of 32, not {hk}",
+                params.type_k
+            )));
+        }
+        let pool = ThreadPool::new(params.n_threads);
+        let pool_batch = (params.n_threads_batch != params.n_threads)
+            .then(|| ThreadPool::new(params.n_threads_batch));
+        Ok(Model {
+            spec,
+            hp,
+            n_vocab,
+            tok_embd,
+            output,
+            output_norm,
+            layers,
+            kv,
+            n_ubatch: params.n_ubatch.max(1),
+            pool,
+            pool_batch,
+            buf: Buffers::default(),
+        })
+    }
+
+    fn check(&self, batch: &Batch) -> Result<(), EngineError> {
+        let n = batch.tokens.len();
+        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
+            return Err(EngineError::BadBatch(format!(
+                "lengths differ: {} tokens, {} positions, {} sequence ids, {} logits flags",
+                n,
+                batch.pos.len(),
+                batch.seq.len(),
+                batch.logits.len()
+            )));
+        }
+        for i in 0..n {
+            if batch.tokens[i] as usize >= self.n_vocab {
+                return Err(EngineError::BadBatch(format!(
+                    "token {} at entry {i} is outside the vocabulary of {}",
+                    batch.tokens[i], self.n_vocab
+                )));
+            }
+            if batch.seq[i] as usize >= self.kv.n_seq_max() {
+                return Err(EngineError::BadBatch(format!(
+                    "sequence {} at entry {i}: only {} sequences were allocated",
+                    batch.seq[i],
+                    self.kv.n_seq_max()
+                )));
+            }
+        }
+        // room: new positions per sequence, counted before anything is written
+        let mut seqs: Vec<SeqId> = batch.seq.clone();
+        seqs.sort_unstable();
+        seqs.dedup();
+        for s in seqs {
+            let mut new: Vec<u32> = (0..n)
+                .filter(|&i| batch.seq[i] == s)
+                .map(|i| batch.pos[i])
+                .collect();
+            new.sort_unstable();
+            new.dedup();
+            let fresh = new
+                .iter()
+                .filter(|&&p| self.kv.count_in(s, p, p + 1) == 0)
+                .count();
+            let needed = self.kv.len(s) + fresh;
+            if needed > self.kv.n_ctx_seq() {
+                return Err(EngineError::NoSpace {
+                    seq: s,
+                    needed,
+                    capacity: self.kv.n_ctx_seq(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs entries `r` of `batch` as one ubatch.
+    fn ubatch(
+        &mut self,
+        batch: &Batch,
+        r: Range<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let n = r.len();
+        let hp = &self.hp;
+        let n_embd = hp.n_embd;
+        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+        let (nq, nkv, nv) = (hp.n_head * hk, hp.n_head_kv * hk, hp.n_head_kv * hv);
+        let seqs = &batch.seq[r.clone()];
+        let pos = &batch.pos[r.clone()];
+        let mut cells = Vec::with_capacity(n);
+        for i in 0..n {
+            cells.push(self.kv.alloc(seqs[i], pos[i])?);
+        }
+        let pool = match (&self.pool_batch, n > 1) {
+            (Some(p), true) => p,
+            _ => &self.pool,
+        };
+        let b = &mut self.buf;
+        b.x.resize(n * n_embd, 0.0);
+        let embd_scale = (n_embd as f32).sqrt();
+        for (i, &tok) in batch.tokens[r.clone()].iter().enumerate() {
+            let row = &mut b.x[i * n_embd..(i + 1) * n_embd];
+            self.tok_embd.row_f32(tok as usize, row);
+            if self.spec.embd_scale {
+                row.iter_mut().for_each(|v| *v *= embd_scale);
+            }
+        }
+        let mode = if n >= 64
+            && self.kv.type_k == self.kv.type_v
+            && matches!(self.kv.type_k, GgmlType::F16 | GgmlType::F32)
+        {
+            AttnMode::Exact
+        } else {
+            AttnMode::HalfAccum
+        };
+        let q_scale = 1.0 / (hk as f32).sqrt();
+        for (il, layer) in self.layers.iter().enumerate() {
+            rms_norm_rows(&b.x, &layer.attn_norm, hp.eps, n_embd, &mut b.cur);
+            b.q.resize(n * nq, 0.0);
+            b.k.resize(n * nkv, 0.0);
+            b.v.resize(n * nv, 0.0);
+            matmul(pool, &layer.wq.mat(), &b.cur, n, &mut b.q, &mut b.act);
+            matmul(pool, &layer.wk.mat(), &b.cur, n, &mut b.k, &mut b.act);
+            matmul(pool, &layer.wv.mat(), &b.cur, n, &mut b.v, &mut b.act);
+            add_bias(&mut b.q, layer.bq.as_deref());
+            add_bias(&mut b.k, layer.bk.as_deref());
+            add_bias(&mut b.v, layer.bv.as_deref());
+            if let Some(w) = &layer.q_norm {
+                rms_norm_in_place(&mut b.q, w, hp.eps, hk);
+            }
+            if let Some(w) = &layer.k_norm {
+                rms_norm_in_place(&mut b.k, w, hp.eps, hk);
+            }
+            let kind = self.spec.rope;
+            let rows = b.q.chunks_exact_mut(nq).zip(b.k.chunks_exact_mut(nkv));
+            for ((qr, kr), &p) in rows.zip(pos) {
+                let cache = rope_cache(p, hp.n_rot, layer.rope_base, layer.rope_scale);
+                for h in qr.chunks_exact_mut(hk).chain(kr.chunks_exact_mut(hk)) {
+                    rope(h, &cache, kind);
+                }
+            }
+            let kq_scale = if self.spec.scale_q {
+                b.q.iter_mut().for_each(|v| *v *= q_scale);
+                1.0
+            } else {
+                q_scale
+            };
+            for i in 0..n {
+                self.kv.store(
+                    seqs[i],
+                    il,
+                    cells[i],
+                    &b.k[i * nkv..(i + 1) * nkv],
+                    &b.v[i * nv..(i + 1) * nv],
+                );
+            }
+            b.attn.resize(n * hp.n_head * hv, 0.0);
+            let shape = AttnShape {
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head_kv,
+                head_dim_k: hk,
+                head_dim_v: hv,
+                scale: kq_scale,
+                n_swa: if layer.swa { hp.n_swa } else { 0 },
+                mode,
+            };
+            attend(pool, &self.kv, il, &shape, seqs, pos, &b.q, &mut b.attn);
+            b.o.resize(n * n_embd, 0.0);
+            matmul(pool, &layer.wo.mat(), &b.attn, n, &mut b.o, &mut b.act);
+            add_bias(&mut b.o, layer.bo.as_deref());
+            if let Some(w) = &layer.post_attn_norm {
+                rms_norm_in_place(&mut b.o, w, hp.eps, n_embd);
+            }
+            b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
+            rms_norm_rows(&b.x, &layer.ffn_norm, hp.eps, n_embd, &mut b.cur);
+            b.ffn.resize(n * n_embd, 0.0);
+            match &layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let nf = hp.n_ff;
+                    b.gate.resize(n * nf, 0.0);
+                    b.up.resize(n * nf, 0.0);
+                    matmul(pool, &gate.mat(), &b.cur, n, &mut b.gate, &mut b.act);
+                    matmul(pool, &up.mat(), &b.cur, n, &mut b.up, &mut b.act);
+                    glu(self.spec.act, &mut b.gate, &b.up);
+                    matmul(pool, &down.mat(), &b.gate, n, &mut b.ffn, &mut b.act);
+                }
+                Ffn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                } => super::moe::moe_ffn(
+                    pool,
+                    hp,
+                    self.spec.act,
+                    [router, gate, up, down],
+                    &b.cur,
+                    n,
+                    &mut b.ffn,
+                    &mut b.act,
+                ),
+            }
+            if let Some(w) = &layer.post_ffn_norm {
+                rms_norm_in_place(&mut b.ffn, w, hp.eps, n_embd);
+            }
+            b.x.iter_mut().zip(&b.ffn).for_each(|(x, f)| *x += f);
+        }
+        let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        b.cur.resize(wanted.len() * n_embd, 0.0);
+        for (j, &i) in wanted.iter().enumerate() {
+            rms_norm(
+                &b.x[i * n_embd..(i + 1) * n_embd],
+                &self.output_norm,
+                hp.eps,
+                &mut b.cur[j * n_embd..(j + 1) * n_embd],
+            );
+        }
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
+        b.logits.resize(wanted.len() * self.n_vocab, 0.0);
+        matmul(
+            pool,
+            &head.mat(),
+            &b.cur,
+            wanted.len(),
+            &mut b.logits,
+            &mut b.act,
+        );
+        if let Some(cap) = hp.final_softcap {
+            b.logits
+                .iter_mut()
+                .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+        }
+        out.extend_from_slice(&b.logits);
+        Ok(())
+    }
+}
+
+impl Forward for Model {
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn n_ctx_seq(&self) -> usize {
+        self.kv.n_ctx_seq()
+    }
+
+    fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.check(batch)?;
+        let mut start = 0;
+        while start < batch.len() {
+            let end = (start + self.n_ubatch).min(batch.len());
+            self.ubatch(batch, start..end, out)?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>) {
+        self.kv.seq_rm(seq, p0, p1);
+    }
+
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
+        self.kv.seq_cp(src, dst, n);
+    }
+}
+
+/// ggml's `rms_norm`: the mean of squares summed in f64, then `x * scale * w` in f32.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, width: usize, out: &mut Vec<f32>) {
+    out.resize(x.len(), 0.0);
+    for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        rms_norm(xr, w, eps, or);
+    }
+}
+
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, width: usize) {
+    let mut tmp = vec![0.0; width];
+    for row in x.chunks_exact_mut(width) {
+        rms_norm(row, w, eps, &mut tmp);
+        row.copy_from_slice(&tmp);
+    }
+}
+
+fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
+    if let Some(b) = b {
+        for row in x.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, c)| *v += c);
+        }
+    }
+}
+
+/// cos/sin pairs for one position, computed as ggml does: the angle multiplied by
+/// `base^(-2/n_rot)` step by step in f32.
+pub fn rope_cache(pos: u32, n_rot: usize, base: f32, scale: f32) -> Vec<(f32, f32)> {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    (0..n_rot / 2)
+        .map(|_| {
+            let t = scale * theta;
+            theta *= theta_scale;
+            (t.cos(), t.sin())
+        })
+        .collect()
+}
+
+pub fn rope(head: &mut [f32], cache: &[(f32, f32)], kind: RopeKind) {
+    let half = cache.len();
+    for (i, &(c, s)) in cache.iter().enumerate() {
+        let (a, b) = match kind {
+            RopeKind::Norm => (2 * i, 2 * i + 1),
+            RopeKind::Neox => (i, i + half),
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * c - x1 * s;
+        head[b] = x0 * s + x1 * c;
+    }
+}
+
+/// `gate = act(gate) * up`.
+pub fn glu(act: Act, gate: &mut [f32], up: &[f32]) {
+    match act {
+        Act::Silu => gate
+            .iter_mut()
+            .zip(up)
+            .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
+        Act::Gelu => {
+            let table = gelu_table();
+            gate.iter_mut()
+                .zip(up)
+                .for_each(|(g, u)| *g = gelu(table, *g) * u);
+        }
+    }
+}
+
+/// ggml's CPU GELU: inputs in (-10, 10) go through a table indexed by their f16 value, whose
+/// entries are the tanh approximation rounded to f16.
+fn gelu(table: &[u16], x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        f16_to_f32(table[f32_to_f16(x) as usize])
+    }
+}
+
+fn gelu_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|h| {
+                let x = f16_to_f32(h);
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh());
+                f32_to_f16(y)
+            })
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0f32, -4.0];
+        let mut out = [0.0; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut out);
+        let s = 1.0 / (12.5f32).sqrt();
+        assert_eq!(out, [3.0 * s, -8.0 * s]);
+    }
+
+    #[test]
+    fn rope_rotates_pairs() {
+        let cache = rope_cache(1, 4, 10000.0, 1.0);
+        let mut a = [1.0, 0.0, 1.0, 0.0];
+        rope(&mut a, &cache, RopeKind::Norm);
+        assert!((a[0] - 1f32.cos()).abs() < 1e-6 && (a[1] - 1f32.sin()).abs() < 1e-6);
+        let mut b = [1.0, 1.0, 0.0, 0.0];
+        rope(&mut b, &cache, RopeKind::Neox);
+        assert!((b[2] - 1f32.sin()).abs() < 1e-6);
+        assert!((b[3] - (0.01f32).sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gelu_matches_tanh_form() {
+        let t = gelu_table();
+        assert_eq!(gelu(t, 0.0), 0.0);
+        assert!((gelu(t, 1.0) - 0.841_192).abs() < 1e-3);
+        assert_eq!(gelu(t, -12.0), 0.0);
+        assert_eq!(gelu(t, 12.0), 12.0);
+    }
+}

@@ -1,0 +1,161 @@
+//! Tensors of a loaded model: zero-copy views of the GGUF files through our own read-only memory
+//! maps (the engine outlives the `GgufFile` it was loaded from), found by name and checked for
+//! shape and for a kernel that can multiply them.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use super::EngineError;
+use crate::backend::cpu::dot::kernel;
+use crate::backend::cpu::quant::dequantize_row;
+use crate::backend::cpu::QMat;
+use crate::model::{GgmlType, GgufFile};
+
+pub struct Tensor {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order: `shape[0]` is the row length.
+    pub shape: Vec<usize>,
+    map: Arc<Mmap>,
+    offset: usize,
+    len: usize,
+}
+
+impl Tensor {
+    pub fn data(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+
+    /// The tensor as rows of `shape[0]` elements (all further dimensions flattened).
+    pub fn mat(&self) -> QMat<'_> {
+        QMat {
+            ty: self.ty,
+            rows: self.shape[1..].iter().product(),
+            cols: self.shape[0],
+            data: self.data(),
+        }
+    }
+
+    /// Row `r` as floats (embedding lookups).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        dequantize_row(self.ty, self.mat().row(r), out);
+    }
+}
+
+pub struct Loader<'a> {
+    pub gguf: &'a GgufFile,
+    maps: Vec<Arc<Mmap>>,
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(gguf: &'a GgufFile) -> Result<Loader<'a>, EngineError> {
+        let mut maps = Vec::new();
+        for path in &gguf.paths {
+            let file = File::open(path)
+                .map_err(|e| EngineError::Load(format!("opening {}: {e}", path.display())))?;
+            // SAFETY: read-only map of a model file; like llama.cpp we assume nobody truncates
+            // it while we serve.
+            let map = unsafe { Mmap::map(&file) }
+                .map_err(|e| EngineError::Load(format!("mapping {}: {e}", path.display())))?;
+            maps.push(Arc::new(map));
+        }
+        Ok(Loader { gguf, maps })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.gguf.tensor(name).is_some()
+    }
+
+    /// The tensor `name`, whose shape must be `shape` (ggml order).
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor, EngineError> {
+        let info = self
+            .gguf
+            .tensor(name)
+            .ok_or_else(|| EngineError::Load(format!("missing tensor {name}")))?;
+        let got: Vec<usize> = info.shape.iter().map(|&d| d as usize).collect();
+        if got != shape {
+            return Err(EngineError::Load(format!(
+                "tensor {name} has shape {got:?}, expected {shape:?}"
+            )));
+        }
+        let map = self.maps.get(info.file_index).ok_or_else(|| {
+            EngineError::Load(format!("tensor {name}: no split part {}", info.file_index))
+        })?;
+        let (offset, len) = (info.offset as usize, info.size as usize);
+        if offset.checked_add(len).is_none_or(|end| end > map.len()) {
+            return Err(EngineError::Load(format!(
+                "tensor {name} lies beyond the end of its file (file changed since it was opened?)"
+            )));
+        }
+        Ok(Tensor {
+            name: name.to_string(),
+            ty: info.ggml_type,
+            shape: got,
+            map: Arc::clone(map),
+            offset,
+            len,
+        })
+    }
+
+    /// `tensor`, absent allowed.
+    pub fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>, EngineError> {
+        if self.has(name) {
+            self.tensor(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A weight we multiply with: its type needs a dot kernel.
+    pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Tensor, EngineError> {
+        let t = self.tensor(name, shape)?;
+        check_matrix(&t)?;
+        Ok(t)
+    }
+
+    pub fn optional_matrix(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<Tensor>, EngineError> {
+        let t = self.optional(name, shape)?;
+        if let Some(t) = &t {
+            check_matrix(t)?;
+        }
+        Ok(t)
+    }
+
+    /// A small F32 (or F16) vector: norm weights, biases.
+    pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, EngineError> {
+        let t = self.tensor(name, &[n])?;
+        if !matches!(t.ty, GgmlType::F32 | GgmlType::F16) {
+            return Err(EngineError::Load(format!(
+                "tensor {name} is {}, expected f32 or f16",
+                t.ty
+            )));
+        }
+        let mut out = vec![0.0; n];
+        dequantize_row(t.ty, t.data(), &mut out);
+        Ok(out)
+    }
+
+    pub fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, EngineError> {
+        if self.has(name) {
+            self.vector(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+fn check_matrix(t: &Tensor) -> Result<(), EngineError> {
+    if kernel(t.ty).is_none() {
+        return Err(EngineError::Load(format!(
+            "tensor {} has type {}, which the CPU backend cannot multiply yet",
+            t.name, t.ty
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! The composition root: turns a parsed command line into a serving process. Resolves the model
+//! source (file, `-hf`, `-mu`), starts HTTP early so `/health` answers 503 while loading, opens
+//! the GGUF, builds the vocabulary, chat templates and engine, attaches them and serves until a
+//! stop signal. The only place that maps `Config` onto the parameters of the other modules.
+
+use std::fmt;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::chat::{ChatTemplates, RenderInputs, SpecialTokens};
+use crate::cli::{Config, PlacementIntent};
+use crate::engine::{self, EngineParams};
+use crate::hub;
+use crate::model::{GgmlType, GgufFile};
+use crate::server::{ChatRenderer, ModelInfo, Server, ServerParams, TaskParams};
+use crate::service;
+use crate::tokenizer::{Vocab, VocabType};
+
+/// Why the process could not start serving: each names what failed.
+#[derive(Debug)]
+pub enum LaunchError {
+    NoModel,
+    Hub(String),
+    Model(String),
+    Engine(String),
+    Chat(String),
+    Io(std::io::Error),
+}
+
+impl fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LaunchError::NoModel => {
+                f.write_str("no model given: use -m FILE, -hf USER/REPO[:QUANT] or -mu URL")
+            }
+            LaunchError::Hub(e) => write!(f, "failed to fetch the model: {e}"),
+            LaunchError::Model(e) => write!(f, "failed to load model: {e}"),
+            LaunchError::Engine(e) => write!(f, "failed to load model: {e}"),
+            LaunchError::Chat(e) => write!(f, "failed to load the chat template: {e}"),
+            LaunchError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {}
+
+/// Upstream's slot count when `--parallel` is left at -1 (auto); the KV pool is then unified.
+const AUTO_PARALLEL: usize = 4;
+
+/// Slots and per-slot context, as upstream sizes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotShape {
+    pub n_parallel: usize,
+    /// Tokens of context in total.
+    pub n_ctx: usize,
+    /// Tokens one slot may hold.
+    pub n_ctx_slot: usize,
+}
+
+/// `-c 0` takes the model's training context; auto `--parallel` means 4 slots over a unified KV
+/// pool (each slot may use all of it); otherwise the context is divided among the slots. A slot
+/// context above the training context is capped to it, as upstream does.
+pub fn slot_shape(cfg: &Config, n_ctx_train: usize) -> SlotShape {
+    let auto = cfg.slots.n_parallel < 0;
+    let n_parallel = if auto {
+        AUTO_PARALLEL
+    } else {
+        cfg.slots.n_parallel.max(1) as usize
+    };
+    let per_slot_cap =
+        (cfg.context.kv_unified_per_slot > 0).then_some(cfg.context.kv_unified_per_slot as usize);
+    let n_ctx = match (cfg.context.ctx_size, per_slot_cap) {
+        (c, _) if c > 0 => c as usize,
+        (_, Some(cap)) => n_parallel * cap,
+        _ => n_ctx_train,
+    };
+    let unified = cfg.context.kv_unified.unwrap_or(auto);
+    let seq = if unified { n_ctx } else { n_ctx / n_parallel };
+    let capped = per_slot_cap.map_or(seq, |cap| seq.min(cap));
+    SlotShape {
+        n_parallel,
+        n_ctx,
+        n_ctx_slot: capped.min(n_ctx_train.max(1)),
+    }
+}
+
+fn threads(n: i32) -> usize {
+    if n > 0 {
+        n as usize
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
+/// The KV cache type `-ctk`/`-ctv` name (`f16` when unknown names were refused while parsing).
+fn kv_type(name: &str) -> GgmlType {
+    GgmlType::from_name(name).unwrap_or(GgmlType::F16)
+}
+
+pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -> EngineParams {
+    let gen = threads(cfg.threads.generation.threads);
+    let batch = if cfg.threads.batch.threads > 0 {
+        cfg.threads.batch.threads as usize
+    } else {
+        gen
+    };
+    EngineParams {
+        n_ctx_seq: shape.n_ctx_slot,
+        n_seq_max: shape.n_parallel,
+        n_threads: gen,
+        n_threads_batch: batch,
+        n_ubatch: cfg.context.ubatch.max(1) as usize,
+        type_k: kv_type(&intent.cache_type_k.value),
+        type_v: kv_type(&intent.cache_type_v.value),
+    }
+}
+
+pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
+    let s = &cfg.serve;
+    ServerParams {
+        host: s
+            .hosts
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1".into()),
+        port: u16::try_from(s.port).unwrap_or(8080),
+        n_parallel: shape.n_parallel,
+        n_ctx_slot: shape.n_ctx_slot,
+        n_batch: cfg.context.batch.max(1) as usize,
+        n_ubatch: cfg.context.ubatch.max(1) as usize,
+        api_keys: s.api_keys.clone(),
+        timeout_s: s.timeout.max(1) as u64,
+        threads_http: s.threads_http,
+        slot_save_path: (!cfg.slots.slot_save_path.is_empty())
+            .then(|| PathBuf::from(&cfg.slots.slot_save_path)),
+        slot_prompt_similarity: cfg.slots.slot_prompt_similarity,
+        ctx_shift: cfg.slots.context_shift,
+        endpoint_slots: s.slots_endpoint,
+        endpoint_props: s.props,
+        endpoint_metrics: s.metrics,
+        cors_origins: s.cors_origins.clone(),
+        cors_methods: s.cors_methods.clone(),
+        cors_headers: s.cors_headers.clone(),
+        cors_credentials: s.cors_credentials,
+        defaults: TaskParams {
+            sampling: cfg.sampling.params(),
+            n_predict: cfg.slots.n_predict,
+            n_keep: cfg.slots.keep,
+            cache_prompt: cfg.slots.cache_prompt,
+            n_cache_reuse: cfg.slots.cache_reuse,
+            ..TaskParams::default()
+        },
+        ..ServerParams::default()
+    }
+}
+
+/// The model file(s) the source options name, fetched first for `-hf` / `-mu`.
+fn resolve_model(cfg: &Config) -> Result<PathBuf, LaunchError> {
+    let m = &cfg.model;
+    let env = |k: &str| std::env::var(k).ok();
+    if !m.hf_repo.is_empty() {
+        let token = Some(m.hf_token.clone())
+            .filter(|t| !t.is_empty())
+            .or_else(|| std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()));
+        let req = hub::HubRequest {
+            repo: m.hf_repo.clone(),
+            file: Some(m.hf_file.clone()).filter(|f| !f.is_empty()),
+            token,
+            offline: m.offline,
+            mmproj: false,
+            endpoint: hub::endpoint(&env),
+            cache_dir: hub::hf_cache_dir(&env).ok_or_else(|| {
+                LaunchError::Hub("no cache directory: set LLAMA_CACHE or HOME".into())
+            })?,
+            progress: hub::Progress::detect(),
+        };
+        let got = hub::resolve_model(&req).map_err(|e| LaunchError::Hub(e.to_string()))?;
+        return got
+            .model
+            .into_iter()
+            .next()
+            .ok_or_else(|| LaunchError::Hub(format!("{} holds no model file", m.hf_repo)));
+    }
+    if !m.url.is_empty() {
+        let req = hub::UrlRequest {
+            url: m.url.clone(),
+            path: Some(PathBuf::from(&m.path)).filter(|_| !m.path.is_empty()),
+            token: Some(m.hf_token.clone()).filter(|t| !t.is_empty()),
+            offline: m.offline,
+            cache_dir: hub::url_cache_dir(&env).ok_or_else(|| {
+                LaunchError::Hub("no cache directory: set LLAMA_CACHE or HOME".into())
+            })?,
+            progress: hub::Progress::detect(),
+        };
+        let parts = hub::download_url(&req).map_err(|e| LaunchError::Hub(e.to_string()))?;
+        return parts
+            .into_iter()
+            .next()
+            .ok_or_else(|| LaunchError::Hub(format!("{} gave no file", m.url)));
+    }
+    if m.path.is_empty() {
+        return Err(LaunchError::NoModel);
+    }
+    Ok(PathBuf::from(&m.path))
+}
+
+/// Chat templates over the server's renderer interface.
+struct Templates(ChatTemplates);
+
+impl ChatRenderer for Templates {
+    fn render(
+        &self,
+        messages: &[Value],
+        tools: &Value,
+        add_generation_prompt: bool,
+        kwargs: &Value,
+    ) -> Result<String, String> {
+        let messages = Value::Array(messages.to_vec());
+        let empty = serde_json::Map::new();
+        let kwargs = kwargs.as_object().unwrap_or(&empty);
+        let enable_thinking = kwargs
+            .get("enable_thinking")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        self.0
+            .render(&RenderInputs {
+                messages: &messages,
+                tools: Some(tools).filter(|t| !t.is_null()),
+                add_generation_prompt,
+                kwargs,
+                enable_thinking,
+                now: None,
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn source(&self) -> String {
+        self.0.pick(None).source().to_string()
+    }
+}
+
+fn token_text(vocab: &Vocab, id: Option<u32>) -> String {
+    id.map(|id| String::from_utf8_lossy(&vocab.token_to_piece(id, true)).into_owned())
+        .unwrap_or_default()
+}
+
+fn chat_templates(cfg: &Config, gguf: &GgufFile, vocab: &Vocab) -> Result<Templates, LaunchError> {
+    let tokens = SpecialTokens {
+        bos_token: token_text(vocab, vocab.bos()),
+        eos_token: token_text(vocab, vocab.eos()),
+        add_bos: vocab.add_bos(),
+        add_eos: vocab.add_eos(),
+    };
+    let over = Some(cfg.chat.template.as_str()).filter(|t| !t.is_empty());
+    ChatTemplates::from_metadata(|k| gguf.get_str(k), over, tokens)
+        .map(Templates)
+        .map_err(|e| LaunchError::Chat(e.to_string()))
+}
+
+fn model_info(cfg: &Config, path: &Path, gguf: &GgufFile, vocab: &Vocab) -> ModelInfo {
+    let arch = gguf.architecture().unwrap_or_default();
+    let hp = |key: &str| {
+        gguf.get(&format!("{arch}.{key}"))
+            .and_then(|v| v.as_i64())
+            .unwrap_or(0) as usize
+    };
+    let display = path.display().to_string();
+    let aliases: Vec<String> = cfg.model.aliases.iter().cloned().collect();
+    ModelInfo {
+        name: aliases.first().cloned().unwrap_or_else(|| display.clone()),
+        aliases,
+        path: display,
+        ftype: crate::model::file_type_name(gguf),
+        vocab_type: vocab_type_id(vocab.vocab_type()),
+        n_vocab: vocab.n_tokens(),
+        n_ctx_train: hp("context_length"),
+        n_embd: hp("embedding_length"),
+        n_params: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
+        size: gguf.tensors.iter().map(|t| t.size).sum(),
+        bos_token: token_text(vocab, vocab.bos()),
+        eos_token: token_text(vocab, vocab.eos()),
+    }
+}
+
+/// llama.cpp's `llama_vocab_type` numbering, as `/v1/models` reports it.
+fn vocab_type_id(t: VocabType) -> i32 {
+    match t {
+        VocabType::Spm => 1,
+        VocabType::Bpe => 2,
+        VocabType::Wpm => 3,
+        VocabType::Ugm => 4,
+    }
+}
+
+fn init_logging(cfg: &Config) {
+    let level = if cfg.log.disable {
+        log::LevelFilter::Off
+    } else {
+        match cfg.log.verbosity {
+            v if v >= 4 => log::LevelFilter::Debug,
+            v if v >= 3 => log::LevelFilter::Info,
+            v if v >= 2 => log::LevelFilter::Warn,
+            _ => log::LevelFilter::Error,
+        }
+    };
+    let _ = env_logger::Builder::new()
+        .filter_level(level)
+        .parse_env("BLOOMERY_LOG")
+        .try_init();
+}
+
+/// Loads the model and serves until a stop signal.
+pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
+    init_logging(&cfg);
+    let path = resolve_model(&cfg)?;
+    // Refuse a bad file by name before binding the port.
+    let gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
+    let arch = gguf.architecture().unwrap_or_default().to_string();
+    let n_ctx_train = gguf
+        .get(&format!("{arch}.context_length"))
+        .and_then(|v| v.as_i64())
+        .unwrap_or(4096) as usize;
+    let shape = slot_shape(&cfg, n_ctx_train);
+    let params = server_params(&cfg, shape);
+    let address = format!("http://{}:{}", params.host, params.port);
+    let server = Server::start(params).map_err(LaunchError::Io)?;
+    log::info!("listening on {address}, loading {}", path.display());
+
+    let vocab = Vocab::from_gguf(&gguf).map_err(|e| LaunchError::Model(e.to_string()))?;
+    let chat = chat_templates(&cfg, &gguf, &vocab)?;
+    let engine = engine::load(&gguf, &engine_params(&cfg, &intent, shape))
+        .map_err(|e| LaunchError::Engine(e.to_string()))?;
+    let info = model_info(&cfg, &path, &gguf, &vocab);
+    let screen = service::StartInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        model: path
+            .file_name()
+            .map_or_else(|| info.path.clone(), |n| n.to_string_lossy().into_owned()),
+        model_bytes: info.size,
+        address,
+        slots: shape.n_parallel as u32,
+        context: shape.n_ctx as u32,
+        memory: Vec::new(),
+        placement: Vec::new(),
+    };
+    server
+        .attach(engine, Arc::new(vocab), Arc::new(chat), info)
+        .map_err(LaunchError::Io)?;
+    let terminal = std::io::stderr().is_terminal() && !cfg.log.disable;
+    eprint!("{}", service::start_screen(&screen, terminal));
+    service::notify_ready();
+    let result = server.wait().map_err(LaunchError::Io);
+    service::notify_stopping();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(args: &[&str]) -> Config {
+        let mut argv = vec!["bloomery-serve".to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        crate::cli::parse(&argv, &|_: &str| None).unwrap().config
+    }
+
+    #[test]
+    fn slots_follow_upstream_sizing() {
+        // auto parallel: 4 slots over a unified pool of the training context
+        let s = slot_shape(&cfg(&[]), 32768);
+        assert_eq!((s.n_parallel, s.n_ctx, s.n_ctx_slot), (4, 32768, 32768));
+        // explicit parallel divides the context
+        let s = slot_shape(&cfg(&["-c", "8192", "-np", "2"]), 32768);
+        assert_eq!((s.n_parallel, s.n_ctx, s.n_ctx_slot), (2, 8192, 4096));
+        // a slot never exceeds the training context
+        let s = slot_shape(&cfg(&["-c", "65536", "-np", "1"]), 32768);
+        assert_eq!(s.n_ctx_slot, 32768);
+        // --kv-unified-per-slot sizes the pool when -c is absent and caps each slot
+        let s = slot_shape(&cfg(&["-np", "2", "--kv-unified-per-slot", "1000"]), 32768);
+        assert_eq!((s.n_ctx, s.n_ctx_slot), (2000, 1000));
+    }
+
+    #[test]
+    fn flags_reach_the_server_and_engine() {
+        let c = cfg(&[
+            "--port", "9123", "-t", "3", "-ub", "64", "--temp", "0.5", "-ctk", "q8_0", "-n", "17",
+        ]);
+        let shape = slot_shape(&c, 2048);
+        let p = server_params(&c, shape);
+        assert_eq!(p.port, 9123);
+        assert_eq!(p.n_ubatch, 64);
+        assert_eq!(p.defaults.n_predict, 17);
+        assert_eq!(p.defaults.sampling.temp, 0.5);
+        let intent = crate::cli::parse(
+            &["bloomery-serve", "-ctk", "q8_0"].map(String::from),
+            &|_: &str| None,
+        )
+        .unwrap()
+        .placement;
+        let e = engine_params(&c, &intent, shape);
+        assert_eq!((e.n_threads, e.n_ubatch, e.type_k), (3, 64, GgmlType::Q8_0));
+    }
+}

@@ -1,0 +1,260 @@
+//! The one place chat requests become prompt text. The chat-template module plugs in through
+//! [`ChatRenderer`]; until a model's template is wired, [`PlainChat`] lays messages out plainly.
+
+use serde_json::{json, Value};
+
+use super::task::{ErrorKind, TaskError};
+
+/// Renders OpenAI-style messages into a prompt (upstream's `common_chat_templates_apply`).
+pub trait ChatRenderer: Send + Sync {
+    fn render(
+        &self,
+        messages: &[Value],
+        tools: &Value,
+        add_generation_prompt: bool,
+        kwargs: &Value,
+    ) -> Result<String, String>;
+
+    /// The template source, as `/props` reports it.
+    fn source(&self) -> String;
+}
+
+/// `role: content` lines and a trailing `assistant:` when a generation prompt is asked for.
+pub struct PlainChat;
+
+impl ChatRenderer for PlainChat {
+    fn render(
+        &self,
+        messages: &[Value],
+        _tools: &Value,
+        add_generation_prompt: bool,
+        _kwargs: &Value,
+    ) -> Result<String, String> {
+        let mut out = String::new();
+        for m in messages {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+            out.push_str(role);
+            out.push_str(": ");
+            out.push_str(&content_text(m.get("content").unwrap_or(&Value::Null))?);
+            out.push('\n');
+        }
+        if add_generation_prompt {
+            out.push_str("assistant:");
+        }
+        Ok(out)
+    }
+
+    fn source(&self) -> String {
+        String::new()
+    }
+}
+
+/// A message's content as text: a string, or the `text` parts of an array.
+pub fn content_text(content: &Value) -> Result<String, String> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") | Some("input_text") | Some("output_text") => {
+                        out.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
+                    }
+                    Some(other) => return Err(format!("unsupported content[].type: {other}")),
+                    None => return Err("Missing content part type".into()),
+                }
+            }
+            Ok(out)
+        }
+        _ => Err("Invalid 'content' type".into()),
+    }
+}
+
+/// Anthropic Messages body to an OpenAI chat body (upstream's
+/// `server_chat_convert_anthropic_to_oai`, text and tool blocks).
+pub fn anthropic_to_chat(body: &Value) -> Result<Value, TaskError> {
+    let mut messages = Vec::new();
+    match body.get("system") {
+        Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
+        Some(Value::Array(blocks)) => {
+            let text: String = blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            messages.push(json!({"role": "system", "content": text}));
+        }
+        _ => {}
+    }
+    let input = body
+        .get("messages")
+        .ok_or_else(|| TaskError::new(ErrorKind::Server, "'messages' is required"))?;
+    for msg in input.as_array().map(Vec::as_slice).unwrap_or_default() {
+        let role = msg.get("role").and_then(Value::as_str).unwrap_or("");
+        let Some(content) = msg.get("content") else {
+            if role != "assistant" {
+                messages.push(msg.clone());
+            }
+            continue;
+        };
+        let Some(blocks) = content.as_array() else {
+            messages.push(msg.clone());
+            continue;
+        };
+        let mut parts = Vec::new();
+        let mut tool_calls = Vec::new();
+        let mut tool_results = Vec::new();
+        let mut reasoning = String::new();
+        for block in blocks {
+            match block.get("type").and_then(Value::as_str).unwrap_or("") {
+                "text" => parts.push(block.clone()),
+                "thinking" => {
+                    reasoning.push_str(block.get("thinking").and_then(Value::as_str).unwrap_or(""))
+                }
+                "tool_use" => tool_calls.push(json!({
+                    "id": block.get("id").and_then(Value::as_str).unwrap_or(""),
+                    "type": "function",
+                    "function": {
+                        "name": block.get("name").and_then(Value::as_str).unwrap_or(""),
+                        "arguments": block.get("input").cloned().unwrap_or(json!({})).to_string(),
+                    },
+                })),
+                "tool_result" => {
+                    let id = block
+                        .get("tool_use_id")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let text = match block.get("content") {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(Value::Array(items)) => items
+                            .iter()
+                            .filter(|c| c.get("type").and_then(Value::as_str) == Some("text"))
+                            .filter_map(|c| c.get("text").and_then(Value::as_str))
+                            .collect(),
+                        _ => String::new(),
+                    };
+                    tool_results.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+                }
+                _ => {}
+            }
+        }
+        if !parts.is_empty() || !tool_calls.is_empty() || !reasoning.is_empty() {
+            let mut m = json!({"role": role});
+            m["content"] = if parts.is_empty() {
+                json!("")
+            } else {
+                Value::Array(parts)
+            };
+            if !tool_calls.is_empty() {
+                m["tool_calls"] = Value::Array(tool_calls);
+            }
+            if !reasoning.is_empty() {
+                m["reasoning_content"] = json!(reasoning);
+            }
+            messages.push(m);
+        }
+        messages.extend(tool_results);
+    }
+    let mut out = json!({"messages": messages});
+    if let Some(tools) = body.get("tools").and_then(Value::as_array) {
+        out["tools"] = tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.get("name").and_then(Value::as_str).unwrap_or(""),
+                    "description": t.get("description").and_then(Value::as_str).unwrap_or(""),
+                    "parameters": t.get("input_schema").cloned().unwrap_or(json!({})),
+                }})
+            })
+            .collect();
+    }
+    if let Some(stop) = body.get("stop_sequences") {
+        out["stop"] = stop.clone();
+    }
+    out["max_tokens"] = body.get("max_tokens").cloned().unwrap_or(json!(4096));
+    for key in [
+        "temperature",
+        "top_p",
+        "top_k",
+        "stream",
+        "chat_template_kwargs",
+    ] {
+        if let Some(v) = body.get(key) {
+            out[key] = v.clone();
+        }
+    }
+    Ok(out)
+}
+
+/// OpenAI Responses body to a chat body (upstream's
+/// `server_chat_convert_responses_to_chatcmpl`, text messages).
+pub fn responses_to_chat(body: &Value) -> Result<Value, TaskError> {
+    let input = body
+        .get("input")
+        .ok_or_else(|| TaskError::invalid("'input' is required"))?;
+    if body
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(TaskError::invalid(
+            "llama.cpp does not support 'previous_response_id'.",
+        ));
+    }
+    let mut out = body.as_object().cloned().unwrap_or_default();
+    out.remove("input");
+    let mut messages = Vec::new();
+    if let Some(instructions) = out.remove("instructions") {
+        messages.push(json!({"role": "system", "content": instructions.as_str().unwrap_or("")}));
+    }
+    match input {
+        Value::String(s) => messages.push(json!({"role": "user", "content": s})),
+        Value::Array(items) => {
+            for item in items {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("");
+                let parts: Vec<Value> = match item.get("content") {
+                    Some(Value::String(s)) => vec![json!({"type": "input_text", "text": s})],
+                    Some(Value::Array(p)) => p.clone(),
+                    _ => return Err(TaskError::invalid("Cannot determine type of 'item'")),
+                };
+                let mut text = String::new();
+                for p in &parts {
+                    match p.get("type").and_then(Value::as_str).unwrap_or("") {
+                        "input_text" | "output_text" => {
+                            let t = p.get("text").and_then(Value::as_str).ok_or_else(|| {
+                                TaskError::invalid("'Input text' requires 'text'")
+                            })?;
+                            text.push_str(t);
+                        }
+                        "input_file" => {
+                            return Err(TaskError::invalid(
+                                "'input_file' is not supported by llamacpp at this moment",
+                            ))
+                        }
+                        _ => return Err(TaskError::invalid(
+                            "'type' must be one of 'input_text', 'input_image', or 'input_file'",
+                        )),
+                    }
+                }
+                match role {
+                    "user" | "system" | "developer" | "assistant" => {
+                        messages.push(json!({"role": role, "content": text}))
+                    }
+                    _ => return Err(TaskError::invalid("Cannot determine type of 'item'")),
+                }
+            }
+        }
+        _ => {
+            return Err(TaskError::invalid(
+                "'input' must be a string or array of objects",
+            ))
+        }
+    }
+    out.insert("messages".into(), Value::Array(messages));
+    if let Some(max) = out.remove("max_output_tokens") {
+        out.insert("max_tokens".into(), max);
+    }
+    out.remove("reasoning");
+    Ok(Value::Object(out))
+}

@@ -1,0 +1,1057 @@
+//! actix-web routes and middleware: CORS, the loading gate (503 until a model is attached), API
+//! keys (every route but `/health` and `/v1/health`), and the llama-server endpoints.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::{Method, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::web::{self, Bytes};
+use actix_web::{HttpRequest, HttpResponse};
+use futures_util::stream;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::chat::{anthropic_to_chat, content_text, responses_to_chat, ChatRenderer};
+use super::codec::TextCodec;
+use super::format::{self, ResponseKind, ResponseMeta};
+use super::request::{self, ParseContext};
+use super::scheduler::{SchedulerHandle, SlotAction, SlotActionResult};
+use super::task::{ErrorKind, Event, FinalResult, TaskError, TaskParams, TaskRequest};
+use super::{ModelInfo, ServerParams};
+use crate::sampling::{resolve_seed, Mt19937, DEFAULT_SEED};
+
+/// What exists once the model is loaded.
+pub struct Ready {
+    pub scheduler: SchedulerHandle,
+    pub codec: Arc<dyn TextCodec>,
+    pub chat: Arc<dyn ChatRenderer>,
+    pub model: ModelInfo,
+}
+
+pub struct AppState {
+    pub params: ServerParams,
+    pub ready: OnceLock<Ready>,
+    pub started: u64,
+}
+
+type Shared = web::Data<AppState>;
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn json_response(status: StatusCode, body: &Value) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("application/json; charset=utf-8")
+        .body(body.to_string())
+}
+
+fn ok(body: Value) -> HttpResponse {
+    json_response(StatusCode::OK, &body)
+}
+
+fn error(err: &TaskError) -> HttpResponse {
+    let status = StatusCode::from_u16(err.kind.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(status, &json!({"error": format::error_body(err)}))
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, TaskError> {
+    serde_json::from_slice(body).map_err(|e| {
+        TaskError::invalid(format!(
+            "[json.exception.parse_error.101] parse error at line {}, column {}: {e}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+fn ready(state: &AppState) -> Result<&Ready, TaskError> {
+    state
+        .ready
+        .get()
+        .ok_or_else(|| TaskError::new(ErrorKind::Unavailable, "Loading model"))
+}
+
+/// Route handler body: errors become upstream's error JSON.
+fn respond(result: Result<HttpResponse, TaskError>) -> HttpResponse {
+    result.unwrap_or_else(|e| {
+        log::warn!("request failed: {}", e.message);
+        error(&e)
+    })
+}
+
+/// CORS, loading gate, API key: upstream's pre-routing handler.
+pub async fn gate(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let Some(state) = req.app_data::<Shared>().cloned() else {
+        return Ok(next.call(req).await?.map_into_boxed_body());
+    };
+    let p = &state.params;
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let allow_origin = if p.cors_credentials && p.cors_origins == "*" {
+        origin.clone().unwrap_or_default()
+    } else {
+        p.cors_origins.clone()
+    };
+    let with_cors = |mut res: HttpResponse| {
+        if let Ok(v) = HeaderValue::from_str(&allow_origin) {
+            res.headers_mut()
+                .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+        }
+        res
+    };
+    if req.method() == Method::OPTIONS {
+        let res = HttpResponse::Ok()
+            .insert_header((
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                if p.cors_credentials { "true" } else { "false" },
+            ))
+            .insert_header((
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                p.cors_methods.as_str(),
+            ))
+            .insert_header((
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                p.cors_headers.as_str(),
+            ))
+            .content_type("text/html")
+            .finish();
+        return Ok(req.into_response(with_cors(res)));
+    }
+    if state.ready.get().is_none() {
+        let res = error(&TaskError::new(ErrorKind::Unavailable, "Loading model"));
+        return Ok(req.into_response(with_cors(res)));
+    }
+    let path = req.path().to_owned();
+    if !p.api_keys.is_empty() && path != "/health" && path != "/v1/health" {
+        let header_value = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let mut key = header_value("Authorization");
+        if key.is_empty() {
+            key = header_value("X-Api-Key");
+        }
+        let key = key.strip_prefix("Bearer ").unwrap_or(&key);
+        if !p.api_keys.iter().any(|k| k == key) {
+            log::warn!("unauthorized: Invalid API Key");
+            let res = error(&TaskError::new(
+                ErrorKind::Authentication,
+                "Invalid API Key",
+            ));
+            return Ok(req.into_response(with_cors(res)));
+        }
+    }
+    let mut res = next.call(req).await?.map_into_boxed_body();
+    if let Ok(v) = HeaderValue::from_str(&allow_origin) {
+        res.headers_mut()
+            .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+    }
+    Ok(res)
+}
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/health", web::get().to(health))
+        .route("/v1/health", web::get().to(health))
+        .route("/metrics", web::get().to(metrics))
+        .route("/props", web::get().to(get_props))
+        .route("/props", web::post().to(post_props))
+        .route("/models", web::get().to(models))
+        .route("/v1/models", web::get().to(models))
+        .route("/completion", web::post().to(completion_native))
+        .route("/completions", web::post().to(completion_native))
+        .route("/v1/completions", web::post().to(completion_oai))
+        .route("/chat/completions", web::post().to(chat_completions))
+        .route("/v1/chat/completions", web::post().to(chat_completions))
+        .route(
+            "/chat/completions/input_tokens",
+            web::post().to(chat_input_tokens),
+        )
+        .route(
+            "/v1/chat/completions/input_tokens",
+            web::post().to(chat_input_tokens),
+        )
+        .route("/v1/messages", web::post().to(anthropic_messages))
+        .route(
+            "/v1/messages/count_tokens",
+            web::post().to(anthropic_count_tokens),
+        )
+        .route("/v1/responses", web::post().to(responses))
+        .route("/responses", web::post().to(responses))
+        .route(
+            "/v1/responses/input_tokens",
+            web::post().to(responses_input_tokens),
+        )
+        .route(
+            "/responses/input_tokens",
+            web::post().to(responses_input_tokens),
+        )
+        .route("/infill", web::post().to(infill))
+        .route("/tokenize", web::post().to(tokenize))
+        .route("/detokenize", web::post().to(detokenize))
+        .route("/apply-template", web::post().to(apply_template))
+        .route("/slots", web::get().to(get_slots))
+        .route("/slots/{id_slot}", web::post().to(post_slots))
+        .default_service(web::to(not_found));
+}
+
+async fn not_found() -> HttpResponse {
+    error(&TaskError::new(ErrorKind::NotFound, "File Not Found"))
+}
+
+async fn health() -> HttpResponse {
+    ok(json!({"status": "ok"}))
+}
+
+async fn metrics(state: Shared) -> HttpResponse {
+    respond(metrics_inner(&state).await)
+}
+
+async fn metrics_inner(state: &AppState) -> Result<HttpResponse, TaskError> {
+    if !state.params.endpoint_metrics {
+        return Err(TaskError::new(
+            ErrorKind::NotSupported,
+            "This server does not support metrics endpoint. Start it with `--metrics`",
+        ));
+    }
+    let r = ready(state)?;
+    let m = r.scheduler.metrics(true).await;
+    let counters: [(&str, &str, f64); 10] = [
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", m.n_prompt_tokens_processed_total as f64),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", m.n_prompt_tokens_cached_total as f64),
+        ("prompt_seconds_total", "Total time spent processing prompts", m.t_prompt_processing_total_us as f64 / 1e6),
+        ("tokens_predicted_total", "Number of generation tokens processed", m.n_tokens_predicted_total as f64),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens", m.t_tokens_generation_total_us as f64 / 1e6),
+        ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding", m.n_decode_total as f64),
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation)", m.n_tokens_max as f64),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", 0.0),
+        ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model", 0.0),
+        ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", 0.0),
+    ];
+    let gauges: [(&str, &str, f64); 5] = [
+        (
+            "prompt_tokens_seconds",
+            "Average prompt throughput in tokens/s",
+            m.prompt_tokens_per_second(),
+        ),
+        (
+            "predicted_tokens_seconds",
+            "Average generation throughput in tokens/s",
+            m.predicted_tokens_per_second(),
+        ),
+        (
+            "requests_processing",
+            "Number of requests processing",
+            m.n_processing as f64,
+        ),
+        (
+            "requests_deferred",
+            "Number of requests deferred",
+            m.n_deferred as f64,
+        ),
+        (
+            "n_busy_slots_per_decode",
+            "Average number of busy slots per llama_decode() call",
+            m.n_busy_slots_total as f64 / (m.n_decode_total as f64).max(1.0),
+        ),
+    ];
+    let mut text = String::new();
+    for (kind, items) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
+        for (name, help, value) in items {
+            text.push_str(&format!(
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {}\n",
+                prom_number(*value)
+            ));
+        }
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .insert_header(("Process-Start-Time-Unix", state.started.to_string()))
+        .body(text))
+}
+
+/// Numbers as C++ streams print them by default (six significant digits).
+fn prom_number(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e6 {
+        return format!("{}", x as i64);
+    }
+    let s = format!("{x:.6e}");
+    let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-5..6).contains(&exp) {
+        let decimals = (5 - exp).max(0) as usize;
+        let v = format!("{x:.decimals$}");
+        let v = if v.contains('.') {
+            v.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            v
+        };
+        return v;
+    }
+    let m: f64 = mantissa.parse().unwrap_or(0.0);
+    let m = format!("{m:.5}");
+    let m = m.trim_end_matches('0').trim_end_matches('.');
+    format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+}
+
+fn props_json(state: &AppState, r: &Ready) -> Value {
+    let p = &state.params;
+    json!({
+        "default_generation_settings": {
+            "params": format::params_json(&p.defaults, true),
+            "n_ctx": r.scheduler.n_ctx_slot,
+        },
+        "total_slots": r.scheduler.n_slots,
+        "model_alias": r.model.name,
+        "model_ftype": r.model.ftype,
+        "model_path": r.model.path,
+        "modalities": {"vision": false, "video": false, "audio": false},
+        "media_marker": "<__media__>",
+        "endpoint_slots": p.endpoint_slots,
+        "endpoint_props": p.endpoint_props,
+        "endpoint_metrics": p.endpoint_metrics,
+        "ui": false,
+        "ui_settings": {},
+        "chat_template": r.chat.source(),
+        "chat_template_caps": {},
+        "bos_token": r.model.bos_token,
+        "eos_token": r.model.eos_token,
+        "build_info": p.build_info,
+        "is_sleeping": false,
+        "cors_proxy_enabled": false,
+    })
+}
+
+async fn get_props(state: Shared) -> HttpResponse {
+    respond(ready(&state).map(|r| ok(props_json(&state, r))))
+}
+
+async fn post_props(state: Shared) -> HttpResponse {
+    if !state.params.endpoint_props {
+        return error(&TaskError::new(
+            ErrorKind::NotSupported,
+            "This server does not support changing global properties. Start it with `--props`",
+        ));
+    }
+    ok(json!({"success": true}))
+}
+
+async fn models(state: Shared) -> HttpResponse {
+    respond(ready(&state).map(|r| {
+        let m = &r.model;
+        ok(json!({
+            "models": [{
+                "name": m.name,
+                "model": m.name,
+                "modified_at": "",
+                "size": "",
+                "digest": "",
+                "type": "model",
+                "description": "",
+                "tags": [""],
+                "capabilities": ["completion"],
+                "parameters": "",
+                "details": {
+                    "parent_model": "",
+                    "format": "gguf",
+                    "family": "",
+                    "families": [""],
+                    "parameter_size": "",
+                    "quantization_level": "",
+                },
+            }],
+            "object": "list",
+            "data": [{
+                "id": m.name,
+                "aliases": m.aliases,
+                "tags": [],
+                "object": "model",
+                "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "created": now_secs(),
+                "owned_by": "llamacpp",
+                "meta": {
+                    "vocab_type": m.vocab_type,
+                    "n_vocab": m.n_vocab,
+                    "n_ctx": r.scheduler.n_ctx_slot,
+                    "n_ctx_train": m.n_ctx_train,
+                    "n_embd": m.n_embd,
+                    "n_params": m.n_params,
+                    "size": m.size,
+                    "ftype": m.ftype,
+                },
+            }],
+        }))
+    }))
+}
+
+async fn tokenize(state: Shared, body: Bytes) -> HttpResponse {
+    respond((|| {
+        let r = ready(&state)?;
+        let body = parse_body(&body)?;
+        let mut tokens = Vec::new();
+        if let Some(content) = body.get("content") {
+            let flag = |name: &str, default: bool| -> Result<bool, TaskError> {
+                body.get(name)
+                    .filter(|v| !v.is_null())
+                    .map_or(Ok(default), |v| {
+                        request::as_bool(v).map_err(TaskError::invalid)
+                    })
+            };
+            let add_special = flag("add_special", false)?;
+            let parse_special = flag("parse_special", true)?;
+            let with_pieces = flag("with_pieces", false)?;
+            let ids =
+                request::tokenize_mixed(r.codec.as_ref(), content, add_special, parse_special)?;
+            for id in ids {
+                if with_pieces {
+                    let piece = r.codec.token_to_piece(id, true);
+                    let piece = match String::from_utf8(piece) {
+                        Ok(s) => json!(s),
+                        Err(e) => json!(e.into_bytes()),
+                    };
+                    tokens.push(json!({"id": id, "piece": piece}));
+                } else {
+                    tokens.push(json!(id));
+                }
+            }
+        }
+        Ok(ok(json!({"tokens": tokens})))
+    })())
+}
+
+async fn detokenize(state: Shared, body: Bytes) -> HttpResponse {
+    respond((|| {
+        let r = ready(&state)?;
+        let body = parse_body(&body)?;
+        let mut content = Vec::new();
+        if let Some(tokens) = body.get("tokens") {
+            let ids = tokens.as_array().ok_or_else(|| {
+                TaskError::invalid(
+                    "[json.exception.type_error.302] type must be array, but is ".to_owned()
+                        + json_kind(tokens),
+                )
+            })?;
+            for t in ids {
+                let id = request::as_i64(t).map_err(TaskError::invalid)?;
+                if id >= 0 && (id as usize) < r.codec.n_tokens() {
+                    content.extend(r.codec.token_to_piece(id as u32, true));
+                }
+            }
+        }
+        Ok(ok(json!({"content": String::from_utf8_lossy(&content)})))
+    })())
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Chat body to a completion body: the rendered prompt plus the OpenAI fields mapped.
+fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, TaskError> {
+    let messages = body
+        .get("messages")
+        .ok_or_else(|| TaskError::invalid("'messages' is required"))?;
+    let messages = messages
+        .as_array()
+        .ok_or_else(|| TaskError::invalid("Expected 'messages' to be an array"))?;
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        if role != "assistant" && m.get("content").is_none() {
+            return Err(TaskError::invalid(
+                "All non-assistant messages must contain 'content'",
+            ));
+        }
+        if role == "assistant" && m.get("content").is_none() && m.get("tool_calls").is_none() {
+            return Err(TaskError::invalid(
+                "Assistant message must contain either 'content' or 'tool_calls'!",
+            ));
+        }
+        if let Some(c) = m.get("content") {
+            if !(c.is_string() || c.is_null() || c.is_array()) {
+                return Err(TaskError::invalid(
+                    "Expected 'content' to be a string or an array",
+                ));
+            }
+            content_text(c).map_err(TaskError::invalid)?;
+        }
+    }
+    let tools = body.get("tools").cloned().unwrap_or(Value::Null);
+    let add_generation_prompt = body
+        .get("add_generation_prompt")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let kwargs = body
+        .get("chat_template_kwargs")
+        .cloned()
+        .unwrap_or(json!({}));
+    let prompt = chat
+        .render(messages, &tools, add_generation_prompt, &kwargs)
+        .map_err(TaskError::invalid)?;
+    let mut out = body.as_object().cloned().unwrap_or_default();
+    out.insert("prompt".into(), json!(prompt));
+    match body.get("stop") {
+        Some(Value::String(s)) => {
+            out.insert("stop".into(), json!([s]));
+        }
+        None | Some(Value::Null) => {
+            out.insert("stop".into(), json!([]));
+        }
+        _ => {}
+    }
+    if body
+        .get("logprobs")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+    {
+        let n = body
+            .get("top_logprobs")
+            .and_then(Value::as_i64)
+            .unwrap_or(20);
+        out.insert("n_probs".into(), json!(n));
+    } else if body.get("top_logprobs").is_some_and(|v| !v.is_null()) {
+        return Err(TaskError::invalid(
+            "top_logprobs requires logprobs to be set to true",
+        ));
+    } else {
+        out.remove("logprobs");
+    }
+    Ok(Value::Object(out))
+}
+
+async fn apply_template(state: Shared, body: Bytes) -> HttpResponse {
+    respond((|| {
+        let r = ready(&state)?;
+        let body = parse_body(&body)?;
+        let data = chat_to_completion(&body, r.chat.as_ref())?;
+        Ok(ok(json!({"prompt": data["prompt"]})))
+    })())
+}
+
+/// Token count of a chat-like request after conversion to a chat body.
+fn count_input_tokens(
+    state: &AppState,
+    body: &Bytes,
+    convert: fn(&Value) -> Result<Value, TaskError>,
+    oai: bool,
+) -> Result<HttpResponse, TaskError> {
+    let r = ready(state)?;
+    let body = convert(&parse_body(body)?)?;
+    let data = chat_to_completion(&body, r.chat.as_ref())?;
+    let n = request::tokenize_mixed(r.codec.as_ref(), &data["prompt"], true, true)?.len();
+    let mut out = json!({"input_tokens": n});
+    if oai {
+        out["object"] = json!("response.input_tokens");
+    }
+    Ok(ok(out))
+}
+
+fn as_is(body: &Value) -> Result<Value, TaskError> {
+    Ok(body.clone())
+}
+
+async fn chat_input_tokens(state: Shared, body: Bytes) -> HttpResponse {
+    respond(count_input_tokens(&state, &body, as_is, true))
+}
+
+async fn responses_input_tokens(state: Shared, body: Bytes) -> HttpResponse {
+    respond(count_input_tokens(&state, &body, responses_to_chat, true))
+}
+
+async fn anthropic_count_tokens(state: Shared, body: Bytes) -> HttpResponse {
+    respond(count_input_tokens(&state, &body, anthropic_to_chat, false))
+}
+
+async fn anthropic_messages(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::Anthropic).await)
+}
+
+async fn responses(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::OaiResponses).await)
+}
+
+async fn completion_native(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::Native).await)
+}
+
+async fn completion_oai(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::OaiCompletion).await)
+}
+
+async fn chat_completions(state: Shared, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, body, ResponseKind::OaiChat).await)
+}
+
+/// Fill-in-the-middle needs the model's FIM tokens, which the codec does not expose yet.
+async fn infill() -> HttpResponse {
+    error(&TaskError::new(
+        ErrorKind::NotSupported,
+        "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing. ",
+    ))
+}
+
+fn gen_id(prefix: &str) -> String {
+    const CHARS: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut rng = Mt19937::new(resolve_seed(DEFAULT_SEED));
+    let s: String = (0..32)
+        .map(|_| CHARS[(rng.next_u32() as usize) % CHARS.len()] as char)
+        .collect();
+    format!("{prefix}{s}")
+}
+
+struct Submitted {
+    rx: UnboundedReceiver<Event>,
+    params: Arc<TaskParams>,
+    n_tasks: usize,
+}
+
+fn submit_all(r: &Ready, state: &AppState, data: &Value) -> Result<Submitted, TaskError> {
+    let prompt = data.get("prompt").ok_or_else(|| {
+        TaskError::invalid("[json.exception.out_of_range.403] key 'prompt' not found")
+    })?;
+    let prompts = request::tokenize_prompts(r.codec.as_ref(), prompt, true, true)?;
+    let ctx = ParseContext {
+        codec: r.codec.as_ref(),
+        n_vocab: r.scheduler.n_vocab,
+        n_parallel: r.scheduler.n_slots,
+    };
+    let params = Arc::new(request::parse_task_params(
+        data,
+        &state.params.defaults,
+        &ctx,
+    )?);
+    let id_slot = match data.get("id_slot").filter(|v| !v.is_null()) {
+        Some(v) => request::as_i64(v)
+            .map_err(|e| TaskError::invalid(format!("Field 'id_slot': {e}")))?
+            as i32,
+        None => -1,
+    };
+    let (tx, rx) = unbounded_channel();
+    let n_cmpl = params.n_cmpl.max(1) as usize;
+    let mut index = 0;
+    for tokens in prompts {
+        for _ in 0..n_cmpl {
+            r.scheduler.submit(TaskRequest {
+                tokens: tokens.clone(),
+                params: params.clone(),
+                id_slot,
+                index,
+                events: tx.clone(),
+            });
+            index += 1;
+        }
+    }
+    Ok(Submitted {
+        rx,
+        params,
+        n_tasks: index,
+    })
+}
+
+async fn handle_completion(
+    state: &AppState,
+    body: Bytes,
+    kind: ResponseKind,
+) -> Result<HttpResponse, TaskError> {
+    let r = ready(state)?;
+    let body = parse_body(&body)?;
+    let data = match kind {
+        ResponseKind::OaiChat => chat_to_completion(&body, r.chat.as_ref())?,
+        ResponseKind::Anthropic => chat_to_completion(&anthropic_to_chat(&body)?, r.chat.as_ref())?,
+        ResponseKind::OaiResponses => {
+            chat_to_completion(&responses_to_chat(&body)?, r.chat.as_ref())?
+        }
+        ResponseKind::OaiCompletion => {
+            if body.get("echo").and_then(Value::as_bool).unwrap_or(false) {
+                return Err(TaskError::new(
+                    ErrorKind::Server,
+                    "Only no echo is supported",
+                ));
+            }
+            body
+        }
+        ResponseKind::Native => body,
+    };
+    let mut submitted = submit_all(r, state, &data)?;
+    let meta_id = gen_id(match kind {
+        ResponseKind::OaiResponses => "resp_",
+        ResponseKind::OaiCompletion => "cmpl-",
+        _ => "chatcmpl-",
+    });
+    let msg_id = gen_id("msg_");
+    let model = r.model.name.clone();
+    let fingerprint = state.params.build_info.clone();
+    let created = now_secs();
+    let params = submitted.params.clone();
+    let meta = ResponseMeta {
+        model: &model,
+        id: &meta_id,
+        created,
+        fingerprint: &fingerprint,
+    };
+
+    if !params.stream {
+        let mut results: Vec<FinalResult> = Vec::new();
+        while results.len() < submitted.n_tasks {
+            match submitted.rx.recv().await {
+                Some(Event::Final(f)) => results.push(*f),
+                Some(Event::Error(e)) => return Err(e),
+                Some(Event::Token { .. }) => {}
+                None => return Err(TaskError::new(ErrorKind::Server, "task dropped")),
+            }
+        }
+        results.sort_by_key(|f| f.index);
+        let rendered: Vec<Value> = results
+            .iter()
+            .map(|f| match kind {
+                ResponseKind::Native => format::final_native(f, &params, &model),
+                ResponseKind::OaiCompletion => format::final_oai_completion(f, &params, &meta),
+                ResponseKind::OaiChat => format::final_oai_chat(f, &params, &meta),
+                ResponseKind::Anthropic => format::final_anthropic(f, &meta),
+                ResponseKind::OaiResponses => format::final_responses(f, &meta, &msg_id),
+            })
+            .collect();
+        if rendered.len() == 1 {
+            return Ok(ok(rendered.into_iter().next().unwrap_or(Value::Null)));
+        }
+        if !matches!(kind, ResponseKind::OaiCompletion | ResponseKind::OaiChat) {
+            return Ok(ok(Value::Array(rendered)));
+        }
+        let mut merged = rendered[0].clone();
+        let choices: Vec<Value> = rendered
+            .iter()
+            .filter_map(|v| v["choices"].get(0).cloned())
+            .collect();
+        merged["choices"] = Value::Array(choices);
+        return Ok(ok(merged));
+    }
+
+    // The first event decides between an error response and a stream.
+    let first = submitted
+        .rx
+        .recv()
+        .await
+        .ok_or_else(|| TaskError::new(ErrorKind::Server, "task dropped"))?;
+    if let Event::Error(e) = first {
+        return Err(e);
+    }
+    let mut renderer = StreamRenderer {
+        kind,
+        params,
+        model,
+        id: meta_id,
+        created,
+        fingerprint,
+        remaining: submitted.n_tasks,
+        msg_id,
+        text: String::new(),
+        text_started: false,
+        created_sent: false,
+    };
+    let first_chunk = renderer.render(&first);
+    let state = (renderer, submitted.rx, Some(first_chunk), false);
+    let body = stream::unfold(state, |(mut renderer, mut rx, pending, done)| async move {
+        if let Some(chunk) = pending {
+            return Some((
+                Ok::<_, actix_web::Error>(Bytes::from(chunk)),
+                (renderer, rx, None, done),
+            ));
+        }
+        if done {
+            return None;
+        }
+        if renderer.remaining == 0 {
+            let tail = match renderer.kind {
+                ResponseKind::OaiCompletion | ResponseKind::OaiChat => {
+                    "data: [DONE]\n\n".to_string()
+                }
+                _ => return None,
+            };
+            return Some((Ok(Bytes::from(tail)), (renderer, rx, None, true)));
+        }
+        match rx.recv().await {
+            Some(ev) => {
+                let chunk = renderer.render(&ev);
+                let done = matches!(ev, Event::Error(_));
+                Some((Ok(Bytes::from(chunk)), (renderer, rx, None, done)))
+            }
+            None => None,
+        }
+    });
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .streaming(body))
+}
+
+struct StreamRenderer {
+    kind: ResponseKind,
+    params: Arc<TaskParams>,
+    model: String,
+    id: String,
+    created: u64,
+    fingerprint: String,
+    remaining: usize,
+    msg_id: String,
+    /// Text streamed so far (the Anthropic and Responses closers repeat or check it).
+    text: String,
+    text_started: bool,
+    created_sent: bool,
+}
+
+impl StreamRenderer {
+    fn render(&mut self, ev: &Event) -> String {
+        let meta = ResponseMeta {
+            model: &self.model,
+            id: &self.id,
+            created: self.created,
+            fingerprint: &self.fingerprint,
+        };
+        let p = &self.params;
+        match ev {
+            Event::Token {
+                index,
+                id_slot,
+                token,
+                n_decoded,
+                n_prompt_tokens,
+                n_prompt_cached,
+                timings,
+            } => match self.kind {
+                ResponseKind::Native => format::sse(&[format::partial_native(
+                    *index,
+                    *id_slot,
+                    token,
+                    *n_decoded,
+                    *n_prompt_tokens,
+                    timings.as_ref(),
+                    p,
+                )]),
+                ResponseKind::OaiCompletion => format::sse(&[format::partial_oai_completion(
+                    *index,
+                    token,
+                    timings.as_ref(),
+                    p,
+                    &meta,
+                )]),
+                ResponseKind::OaiChat => format::sse(&format::partial_oai_chat(
+                    *index,
+                    token,
+                    *n_decoded,
+                    timings.as_ref(),
+                    p,
+                    &meta,
+                )),
+                ResponseKind::Anthropic => {
+                    self.text.push_str(&token.text);
+                    format::sse_events(&format::partial_anthropic(
+                        &token.text,
+                        *n_decoded,
+                        *n_prompt_tokens,
+                        *n_prompt_cached,
+                        &mut self.text_started,
+                        &meta,
+                    ))
+                }
+                ResponseKind::OaiResponses => {
+                    self.text.push_str(&token.text);
+                    format::sse_events(&format::partial_responses(
+                        &token.text,
+                        &mut self.created_sent,
+                        &mut self.text_started,
+                        &meta,
+                        &self.msg_id,
+                    ))
+                }
+            },
+            Event::Final(f) => {
+                self.remaining = self.remaining.saturating_sub(1);
+                match self.kind {
+                    ResponseKind::Native => format::sse(&[format::final_native(f, p, &self.model)]),
+                    ResponseKind::OaiCompletion => {
+                        format::sse(&[format::final_oai_completion(f, p, &meta)])
+                    }
+                    ResponseKind::OaiChat => {
+                        format::sse(&format::final_oai_chat_stream(f, p, &meta))
+                    }
+                    ResponseKind::Anthropic => {
+                        format::sse_events(&format::final_anthropic_stream(f, self.text_started))
+                    }
+                    ResponseKind::OaiResponses => format::sse_events(
+                        &format::final_responses_stream(f, &self.text, &meta, &self.msg_id),
+                    ),
+                }
+            }
+            Event::Error(e) => {
+                self.remaining = 0;
+                match self.kind {
+                    ResponseKind::Anthropic => {
+                        format::sse_events(&[("error", format::error_body(e))])
+                    }
+                    _ => format::sse(&[json!({"error": format::error_body(e)})]),
+                }
+            }
+        }
+    }
+}
+
+async fn get_slots(state: Shared, req: HttpRequest) -> HttpResponse {
+    respond(get_slots_inner(&state, &req).await)
+}
+
+async fn get_slots_inner(state: &AppState, req: &HttpRequest) -> Result<HttpResponse, TaskError> {
+    if !state.params.endpoint_slots {
+        return Err(TaskError::new(
+            ErrorKind::NotSupported,
+            "This server does not support slots endpoint. Start it with `--slots`",
+        ));
+    }
+    let r = ready(state)?;
+    let slots = r.scheduler.slots().await;
+    let fail_on_no_slot =
+        web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+            .map(|q| q.get("fail_on_no_slot").is_some_and(|v| !v.is_empty()))
+            .unwrap_or(false);
+    if fail_on_no_slot && slots.iter().all(|s| s.is_processing) {
+        return Err(TaskError::new(ErrorKind::Unavailable, "no slot available"));
+    }
+    let list: Vec<Value> = slots
+        .iter()
+        .map(|s| {
+            let mut o = json!({
+                "id": s.id,
+                "n_ctx": s.n_ctx,
+                "speculative": false,
+                "is_processing": s.is_processing,
+            });
+            if let (Some(id_task), Some(params)) = (s.id_task, &s.params) {
+                o["id_task"] = json!(id_task);
+                o["n_prompt_tokens"] = json!(s.n_prompt_tokens);
+                o["n_prompt_tokens_processed"] = json!(s.n_prompt_tokens_processed);
+                o["n_prompt_tokens_cache"] = json!(s.n_prompt_tokens_cache);
+                o["params"] = format::params_json(params, false);
+                o["next_token"] = json!([{
+                    "has_next_token": s.has_next_token,
+                    "has_new_line": s.has_new_line,
+                    "n_remain": s.n_remain,
+                    "n_decoded": s.n_decoded,
+                }]);
+                o["prompt"] = json!(s.prompt);
+                o["generated"] = json!(s.generated);
+            }
+            o
+        })
+        .collect();
+    Ok(ok(Value::Array(list)))
+}
+
+async fn post_slots(
+    state: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    body: Bytes,
+) -> HttpResponse {
+    respond(post_slots_inner(&state, &req, &path, &body).await)
+}
+
+async fn post_slots_inner(
+    state: &AppState,
+    req: &HttpRequest,
+    id_slot: &str,
+    body: &Bytes,
+) -> Result<HttpResponse, TaskError> {
+    if state.params.slot_save_path.is_none() {
+        return Err(TaskError::new(
+            ErrorKind::NotSupported,
+            "This server does not support slots action. Start it with `--slot-save-path`",
+        ));
+    }
+    let r = ready(state)?;
+    let id: i64 = leading_int(id_slot).ok_or_else(|| TaskError::invalid("Invalid slot ID"))?;
+    let query =
+        web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+            .map(|q| q.into_inner())
+            .unwrap_or_default();
+    let action = query.get("action").map(String::as_str).unwrap_or("");
+    let filename = || -> Result<String, TaskError> {
+        let body = parse_body(body)?;
+        let name = body
+            .get("filename")
+            .ok_or_else(|| {
+                TaskError::invalid("[json.exception.out_of_range.403] key 'filename' not found")
+            })?
+            .as_str()
+            .ok_or_else(|| {
+                TaskError::invalid("[json.exception.type_error.302] type must be string")
+            })?
+            .to_owned();
+        if !request::valid_filename(&name) {
+            return Err(TaskError::invalid("Invalid filename"));
+        }
+        Ok(name)
+    };
+    let action = match action {
+        "save" => SlotAction::Save(filename()?),
+        "restore" => SlotAction::Restore(filename()?),
+        "erase" => SlotAction::Erase,
+        _ => return Err(TaskError::invalid("Invalid action")),
+    };
+    let result = r.scheduler.slot_action(id, action).await?;
+    Ok(ok(match result {
+        SlotActionResult::Saved {
+            id_slot,
+            filename,
+            n_saved,
+            n_written,
+            ms,
+        } => {
+            json!({"id_slot": id_slot, "filename": filename, "n_saved": n_saved, "n_written": n_written, "timings": {"save_ms": ms}})
+        }
+        SlotActionResult::Restored {
+            id_slot,
+            filename,
+            n_restored,
+            n_read,
+            ms,
+        } => {
+            json!({"id_slot": id_slot, "filename": filename, "n_restored": n_restored, "n_read": n_read, "timings": {"restore_ms": ms}})
+        }
+        SlotActionResult::Erased { id_slot, n_erased } => {
+            json!({"id_slot": id_slot, "n_erased": n_erased})
+        }
+    }))
+}
+
+/// `std::stoi`: optional sign and leading digits, the rest ignored.
+fn leading_int(s: &str) -> Option<i64> {
+    let t = s.trim_start();
+    let (sign, digits) = match t.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    digits[..end].parse::<i64>().ok().map(|v| v * sign)
+}

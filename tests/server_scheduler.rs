@@ -1,0 +1,357 @@
+//! The scheduler on the mock engine: continuous batching, prompt cache, cancellation, limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bloomery::engine::{Batch, Forward};
+use bloomery::sampling::SamplingParams;
+use bloomery::server::scheduler::{self, SlotAction, SlotActionResult};
+use bloomery::server::task::{ErrorKind, Event, FinalResult, StopType};
+use bloomery::server::testing::{ByteCodec, MockEngine};
+use bloomery::server::{SchedulerConfig, SchedulerHandle, TaskParams, TaskRequest, TextCodec};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+fn greedy(n_predict: i32) -> TaskParams {
+    TaskParams {
+        n_predict,
+        sampling: SamplingParams {
+            temp: 0.0,
+            ..SamplingParams::default()
+        },
+        ..TaskParams::default()
+    }
+}
+
+fn start(engine: MockEngine, config: SchedulerConfig) -> SchedulerHandle {
+    let (handle, _thread) =
+        scheduler::spawn(Box::new(engine), Arc::new(ByteCodec), config).expect("spawn");
+    handle
+}
+
+fn submit(h: &SchedulerHandle, prompt: &str, params: TaskParams) -> UnboundedReceiver<Event> {
+    let (tx, rx) = unbounded_channel();
+    h.submit(TaskRequest {
+        tokens: ByteCodec.tokenize(prompt, true, false),
+        params: Arc::new(params),
+        id_slot: -1,
+        index: 0,
+        events: tx,
+    });
+    rx
+}
+
+fn finish(mut rx: UnboundedReceiver<Event>) -> (Vec<String>, Result<FinalResult, String>) {
+    let mut chunks = Vec::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Token { token, .. } => chunks.push(token.text),
+            Event::Final(f) => return (chunks, Ok(*f)),
+            Event::Error(e) => return (chunks, Err(format!("{:?}: {}", e.kind, e.message))),
+        }
+    }
+    (chunks, Err("channel closed".into()))
+}
+
+/// What greedy decoding of the mock gives, computed straight on a fresh engine.
+fn reference(prompt: &str, n: usize) -> String {
+    let mut engine = MockEngine::new(4096);
+    let mut tokens = ByteCodec.tokenize(prompt, true, false);
+    let mut batch = Batch::default();
+    for (i, &t) in tokens.iter().enumerate() {
+        batch.push(t, i as u32, 0, i + 1 == tokens.len());
+    }
+    let mut out = String::new();
+    let mut logits = Vec::new();
+    engine.decode(&batch, &mut logits).expect("decode");
+    for _ in 0..n {
+        let best = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .expect("logits");
+        out.push(best as u8 as char);
+        let mut b = Batch::default();
+        b.push(best, tokens.len() as u32, 0, true);
+        tokens.push(best);
+        logits.clear();
+        engine.decode(&b, &mut logits).expect("decode");
+    }
+    out
+}
+
+#[test]
+fn greedy_completion_matches_the_reference() {
+    let h = start(MockEngine::new(512), SchedulerConfig::default());
+    let (_, result) = finish(submit(&h, "Hello", greedy(12)));
+    let result = result.expect("final");
+    assert_eq!(result.content, reference("Hello", 12));
+    assert_eq!(result.n_decoded, 12);
+    assert_eq!(result.stop, StopType::Limit);
+    assert_eq!(result.n_prompt_tokens, 6);
+}
+
+#[test]
+fn sixteen_streams_on_four_slots_equal_their_solo_runs() {
+    let mut engine = MockEngine::new(256);
+    engine.step_delay = Duration::from_millis(1);
+    let config = SchedulerConfig {
+        n_slots: 4,
+        n_ubatch: 16,
+        ..SchedulerConfig::default()
+    };
+    let h = start(engine, config);
+    let prompts: Vec<String> = (0..16)
+        .map(|i| format!("prompt number {i} {}", "x".repeat(i * 3)))
+        .collect();
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            submit(
+                &h,
+                p,
+                TaskParams {
+                    stream: true,
+                    ..greedy(20)
+                },
+            )
+        })
+        .collect();
+    for (p, rx) in prompts.iter().zip(receivers) {
+        let (chunks, result) = finish(rx);
+        result.expect("final");
+        assert_eq!(chunks.concat(), reference(p, 20), "prompt {p:?}");
+    }
+}
+
+#[test]
+fn a_long_prompt_does_not_freeze_running_streams() {
+    let mut engine = MockEngine::new(2048);
+    engine.step_delay = Duration::from_millis(2);
+    let sizes = engine.step_sizes.clone();
+    let config = SchedulerConfig {
+        n_slots: 2,
+        n_ubatch: 32,
+        ..SchedulerConfig::default()
+    };
+    let h = start(engine, config);
+    let mut running = submit(
+        &h,
+        "short",
+        TaskParams {
+            stream: true,
+            ..greedy(200)
+        },
+    );
+    // Wait for the first stream to be decoding, then send a long prompt.
+    assert!(matches!(running.blocking_recv(), Some(Event::Token { .. })));
+    let long = submit(&h, &"y".repeat(1000), greedy(1));
+    let (_, long_result) = finish(long);
+    assert_eq!(long_result.expect("final").n_prompt_tokens, 1001);
+    let sizes = sizes.lock().expect("sizes").clone();
+    assert!(
+        sizes.iter().all(|&n| n <= 32),
+        "a step exceeded n_ubatch: {sizes:?}"
+    );
+    // Every step that processed the long prompt also advanced the running stream.
+    let mixed = sizes.iter().filter(|&&n| n > 1).count();
+    assert!(mixed >= 1000 / 31, "only {mixed} mixed steps: {sizes:?}");
+    let (_, r) = finish(running);
+    assert_eq!(r.expect("final").n_decoded, 200);
+}
+
+#[test]
+fn a_shared_prefix_is_reused_and_gives_the_same_output() {
+    let h = start(MockEngine::new(1024), SchedulerConfig::default());
+    let base = "The quick brown fox jumps over the lazy dog. ";
+    let (_, first) = finish(submit(&h, &format!("{base}One"), greedy(8)));
+    assert_eq!(first.expect("final").n_prompt_cached, 0);
+    let (_, second) = finish(submit(&h, &format!("{base}Two"), greedy(8)));
+    let second = second.expect("final");
+    assert_eq!(second.n_prompt_cached, 1 + base.len(), "BOS + base");
+    assert_eq!(second.content, reference(&format!("{base}Two"), 8));
+    let (_, third) = finish(submit(
+        &h,
+        &format!("{base}Two"),
+        TaskParams {
+            cache_prompt: false,
+            ..greedy(8)
+        },
+    ));
+    let third = third.expect("final");
+    assert_eq!(third.n_prompt_cached, 0);
+    assert_eq!(third.content, second.content);
+}
+
+#[test]
+fn a_dropped_receiver_frees_the_slot() {
+    let mut engine = MockEngine::new(4096);
+    engine.step_delay = Duration::from_millis(5);
+    let h = start(engine, SchedulerConfig::default());
+    let mut rx = submit(
+        &h,
+        "go",
+        TaskParams {
+            stream: true,
+            ..greedy(-1)
+        },
+    );
+    assert!(matches!(rx.blocking_recv(), Some(Event::Token { .. })));
+    drop(rx);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let freed = rt.block_on(async {
+        for _ in 0..100 {
+            if h.slots().await.iter().all(|s| !s.is_processing) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    });
+    assert!(freed, "slot still busy after the client left");
+    let (_, r) = finish(submit(&h, "next", greedy(3)));
+    assert_eq!(r.expect("final").content, reference("next", 3));
+}
+
+#[test]
+fn limits_stop_words_and_end_of_generation() {
+    let mut engine = MockEngine::new(64);
+    engine.eos_after = 20;
+    let h = start(engine, SchedulerConfig::default());
+    // EOS after 20 cells: prompt of 11 tokens -> 9 generated then EOS.
+    let (_, r) = finish(submit(&h, "0123456789", greedy(-1)));
+    let r = r.expect("final");
+    assert_eq!(r.stop, StopType::Eos);
+    assert_eq!(r.n_decoded, 10);
+
+    // A stop word taken from the reference output cuts the text before it.
+    let text = reference("abc", 6);
+    let word: String = text.chars().skip(3).take(2).collect();
+    let (_, r) = finish(submit(
+        &h,
+        "abc",
+        TaskParams {
+            stop: vec![word.clone()],
+            ..greedy(6)
+        },
+    ));
+    let r = r.expect("final");
+    assert_eq!(r.stop, StopType::Word);
+    assert_eq!(r.stopping_word, word);
+    assert_eq!(r.content, text[..text.find(&word).expect("word")]);
+
+    // A prompt as long as the context is refused with the sizes.
+    let (_, r) = finish(submit(&h, &"z".repeat(63), greedy(1)));
+    let err = r.expect_err("refused");
+    assert!(
+        err.contains("ExceedContextSize { n_prompt_tokens: 64, n_ctx: 64 }"),
+        "{err}"
+    );
+
+    // Generation stops when the context is full.
+    let mut engine = MockEngine::new(16);
+    engine.eos_after = usize::MAX;
+    let h = start(engine, SchedulerConfig::default());
+    let (_, r) = finish(submit(&h, "0123456789", greedy(-1)));
+    let r = r.expect("final");
+    assert!(r.truncated);
+    assert_eq!(r.stop, StopType::Limit);
+}
+
+#[test]
+fn streamed_stop_words_are_held_back_until_resolved() {
+    let h = start(MockEngine::new(512), SchedulerConfig::default());
+    let text = reference("stream", 10);
+    let word: String = text.chars().skip(4).take(3).collect();
+    let (chunks, r) = finish(submit(
+        &h,
+        "stream",
+        TaskParams {
+            stream: true,
+            stop: vec![word.clone()],
+            ..greedy(10)
+        },
+    ));
+    r.expect("final");
+    let streamed = chunks.concat();
+    assert_eq!(streamed, text[..text.find(&word).expect("word")]);
+}
+
+#[test]
+fn slot_save_restore_and_erase() {
+    let dir = std::env::temp_dir().join(format!("bloomery-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = SchedulerConfig {
+        slot_save_path: Some(dir.clone()),
+        n_slots: 2,
+        ..SchedulerConfig::default()
+    };
+    let h = start(MockEngine::new(512), config);
+    let (_, r) = finish(submit(&h, "remember me", greedy(4)));
+    let r = r.expect("final");
+    let id = r.id_slot as i64;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let saved = rt
+        .block_on(h.slot_action(id, SlotAction::Save("a.bin".into())))
+        .expect("saved");
+    let SlotActionResult::Saved { n_saved, .. } = saved else {
+        panic!("unexpected {saved:?}");
+    };
+    assert_eq!(n_saved, r.n_tokens_cached);
+    let erased = rt
+        .block_on(h.slot_action(id, SlotAction::Erase))
+        .expect("erased");
+    assert!(matches!(erased, SlotActionResult::Erased { n_erased, .. } if n_erased == n_saved));
+    let restored = rt
+        .block_on(h.slot_action(id, SlotAction::Restore("a.bin".into())))
+        .expect("restored");
+    assert!(
+        matches!(restored, SlotActionResult::Restored { n_restored, .. } if n_restored == n_saved)
+    );
+    // The restored cache serves the next request.
+    let (_, again) = finish(submit(&h, "remember me", greedy(4)));
+    let again = again.expect("final");
+    assert_eq!(again.n_prompt_cached, 11);
+    assert_eq!(again.content, r.content);
+    let missing = rt
+        .block_on(h.slot_action(id, SlotAction::Restore("nope.bin".into())))
+        .expect_err("missing file");
+    assert_eq!(missing.kind, ErrorKind::InvalidRequest);
+    // Upstream's slot ids wrap modulo the slot count; only a negative remainder is refused.
+    let bad = rt
+        .block_on(h.slot_action(-3, SlotAction::Erase))
+        .expect_err("bad slot");
+    assert_eq!(bad.message, "Invalid slot ID");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn seeded_sampling_repeats() {
+    let h = start(MockEngine::new(512), SchedulerConfig::default());
+    let seeded = || TaskParams {
+        n_predict: 16,
+        sampling: SamplingParams {
+            seed: 42,
+            temp: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplingParams::default()
+        },
+        ..TaskParams::default()
+    };
+    let (_, a) = finish(submit(&h, "seed", seeded()));
+    let (_, b) = finish(submit(&h, "seed", seeded()));
+    let a = a.expect("final");
+    assert_eq!(a.content, b.expect("final").content);
+    assert_ne!(
+        a.content,
+        reference("seed", 16),
+        "sampling at temp 1.5 should differ from greedy"
+    );
+}
