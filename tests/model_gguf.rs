@@ -200,6 +200,9 @@ fn gemma_hparams_and_overrides() {
     assert_eq!(meta.u32("gemma3.context_length").unwrap(), Some(4096));
     assert_eq!(meta.f32("gemma3.rope.freq_base").unwrap(), Some(5e5));
     assert_eq!(meta.u32("gemma3.block_count").unwrap(), Some(18));
+    let huge = [KvOverride::parse("gemma3.block_count=int:100000").unwrap()];
+    let e = Hparams::read(&Metadata::new(&f, &huge)).unwrap_err();
+    assert!(e.to_string().contains("gemma3.block_count"), "{e}");
     let meta = Metadata::new(&f, &overrides[..2]);
     let h = Hparams::read(&meta).unwrap();
     assert_eq!((h.n_ctx_train, h.rope.freq_base), (4096, 5e5));
@@ -309,6 +312,16 @@ fn refuses_damaged_files_by_name() {
     bad[dim_at + 8..dim_at + 12].copy_from_slice(&4u32.to_le_bytes());
     let e = refuse(bad);
     assert!(e.to_string().contains("unknown ggml type 4"), "{e}");
+
+    // A scalar (no dimensions) of a block type: found by the fuzzer, once a panic.
+    let mut bad = good.clone();
+    bad[dim_at - 4..dim_at].copy_from_slice(&0u32.to_le_bytes());
+    bad.drain(dim_at..dim_at + 8);
+    let e = refuse(bad);
+    assert!(
+        e.to_string().contains("row length 1 is not a multiple"),
+        "{e}"
+    );
 
     for cut in 0..good.len() - 28 {
         assert!(GgufFile::from_bytes(Path::new("x.gguf"), good[..cut].to_vec()).is_err());

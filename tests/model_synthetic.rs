@@ -13,7 +13,15 @@ use bloomery::model::synthetic::{preset, write_synthetic, QuantMix, SyntheticOpt
 use bloomery::model::{GgmlType, GgufFile, Hparams, Metadata};
 use model_common::{cache_dir, gguf_py};
 
-const TINY: &[&str] = &["tiny-llama", "tiny-qwen3", "tiny-qwen3moe", "tiny-gemma3"];
+const TINY: &[&str] = &[
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-qwen3moe",
+    "tiny-gemma3",
+    "tiny-gpt-oss",
+    "tiny-deepseek2",
+    "tiny-glm4moe",
+];
 
 fn vocab() -> Result<PathBuf, String> {
     Ok(gguf_py()?
@@ -56,13 +64,13 @@ fn tiny_presets_read_back() {
         );
         assert_eq!(h.n_vocab, 32000, "{name}");
         assert_eq!(h.moe.map(|m| m.n_expert).unwrap_or(0), p.n_expert);
-        let q = f.tensor("blk.0.attn_q.weight").unwrap();
-        assert_eq!(q.ggml_type, GgmlType::Q4K);
+        let o = f.tensor("blk.0.attn_output.weight").unwrap();
+        assert_eq!(o.ggml_type, GgmlType::Q4K);
         // Weights are scaled like 1/sqrt(fan_in).
-        let mut y = vec![0f32; q.n_elements() as usize];
-        bloomery::model::quants::dequantize(q.ggml_type, f.tensor_data(q), &mut y).unwrap();
+        let mut y = vec![0f32; o.n_elements() as usize];
+        bloomery::model::quants::dequantize(o.ggml_type, f.tensor_data(o), &mut y).unwrap();
         let rms = (y.iter().map(|v| v * v).sum::<f32>() / y.len() as f32).sqrt();
-        let want = 1.0 / (p.n_embd as f32).sqrt();
+        let want = 1.0 / (o.shape[0] as f32).sqrt();
         assert!(
             (rms / want - 1.0).abs() < 0.2,
             "{name}: rms {rms}, want {want}"
@@ -127,7 +135,7 @@ fn upstream_llama_server_serves_every_tiny_preset() {
         QuantMix::uniform(GgmlType::Q4K),
         QuantMix {
             weights: GgmlType::Q8_0,
-            experts: GgmlType::Iq4Xs,
+            experts: GgmlType::Mxfp4,
             embeddings: GgmlType::F16,
         },
     ];

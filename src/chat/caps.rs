@@ -17,6 +17,9 @@ pub struct Caps {
     pub supports_parallel_tool_calls: bool,
     pub supports_object_arguments: bool,
     pub supports_preserve_reasoning: bool,
+    /// Whether upstream would turn `enable_thinking` on for this template (its parser found
+    /// reasoning markers); not one of upstream's `/props` caps, but decided at load like them.
+    pub supports_thinking: bool,
 }
 
 const STRING_MARKER: &str = "STRING_MARKER";
@@ -56,6 +59,11 @@ pub(crate) fn detect(render: impl Fn(&Json) -> Option<String>) -> Caps {
             && !out.contains(&format!("'{TYPED_MARKER}'"))
             && !out.contains(&format!("\"{TYPED_MARKER}\""))
     });
+    // upstream, seeing a template that also accepts strings, confirms typed content with an
+    // empty list, which some templates refuse
+    let typed_ok = typed_ok
+        && (as_string.is_none()
+            || probe(json!([{"role": "user", "content": []}]), None, json!({})).is_some());
     let string_ok = match &as_string {
         None => false,
         Some(out) => out.contains(STRING_MARKER) || !typed_ok,
@@ -168,7 +176,10 @@ pub(crate) fn detect(render: impl Fn(&Json) -> Option<String>) -> Caps {
         .as_deref()
         .is_some_and(|out| out.contains(REASONING_MARKER));
 
+    let supports_thinking = detect_thinking(&probe);
+
     Caps {
+        supports_thinking,
         supports_string_content: string_ok,
         supports_typed_content: typed_ok,
         supports_system_role,
@@ -178,4 +189,90 @@ pub(crate) fn detect(render: impl Fn(&Json) -> Option<String>) -> Caps {
         supports_object_arguments,
         supports_preserve_reasoning,
     }
+}
+
+const THINKING_MARKER: &str = "THINKING_CONTENT_MARKER";
+
+/// Upstream's reasoning detection, reduced to its two main signals: reasoning content printed
+/// and followed by a closing tag, or `enable_thinking` adding or removing tags at the end of
+/// the generation prompt.
+fn detect_thinking(probe: &dyn Fn(Json, Option<Json>, Json) -> Option<String>) -> bool {
+    let user = json!({"role": "user", "content": "USER_MESSAGE_MARKER"});
+    let with_reasoning = probe(
+        json!([user, {"role": "assistant", "content": "ASSISTANT_MESSAGE_MARKER", "reasoning_content": THINKING_MARKER}]),
+        None,
+        json!({"add_generation_prompt": false, "enable_thinking": true}),
+    );
+    if let Some(out) = with_reasoning {
+        if let Some(pos) = out.find(THINKING_MARKER) {
+            let after = out[pos + THINKING_MARKER.len()..].trim_start();
+            if after.starts_with('<') || after.starts_with('[') {
+                return true;
+            }
+        }
+    }
+    let off = probe(json!([user]), None, json!({"enable_thinking": false}));
+    let on = probe(json!([user]), None, json!({"enable_thinking": true}));
+    let (Some(off), Some(on)) = (off, on) else {
+        return false;
+    };
+    if off == on {
+        return false;
+    }
+    let prefix = off
+        .bytes()
+        .zip(on.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let (off_rest, on_rest) = (&off.as_bytes()[prefix..], &on.as_bytes()[prefix..]);
+    let suffix = off_rest
+        .iter()
+        .rev()
+        .zip(on_rest.iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let off_diff = String::from_utf8_lossy(&off_rest[..off_rest.len() - suffix])
+        .trim()
+        .to_string();
+    let on_diff = String::from_utf8_lossy(&on_rest[..on_rest.len() - suffix])
+        .trim()
+        .to_string();
+    let is_markers = |s: &str| !s.is_empty() && only_markers(s);
+    match (off_diff.is_empty(), on_diff.is_empty()) {
+        (true, false) => on.ends_with(&on_diff) && is_markers(&on_diff),
+        (false, true) => off.ends_with(&off_diff) && is_markers(&off_diff),
+        _ => {
+            // one output ends with the other's tail plus an opening and closing tag
+            [(&on, &off), (&off, &on)].iter().any(|(base, extended)| {
+                let anchor = &base[base.len().saturating_sub(64)..];
+                extended
+                    .rfind(anchor)
+                    .map(|p| extended[p + anchor.len()..].trim())
+                    .is_some_and(|extra| {
+                        !extra.is_empty() && only_markers(extra) && marker_count(extra) == 2
+                    })
+            })
+        }
+    }
+}
+
+/// True when `s` is made only of `<...>` / `[...]` tags and whitespace.
+fn only_markers(s: &str) -> bool {
+    let mut rest = s.trim();
+    while !rest.is_empty() {
+        let close = match rest.chars().next() {
+            Some('<') => '>',
+            Some('[') => ']',
+            _ => return false,
+        };
+        match rest.find(close) {
+            Some(end) => rest = rest[end + 1..].trim_start(),
+            None => return false,
+        }
+    }
+    true
+}
+
+fn marker_count(s: &str) -> usize {
+    s.chars().filter(|c| *c == '<' || *c == '[').count()
 }

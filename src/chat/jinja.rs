@@ -850,15 +850,24 @@ fn map_builtin(name: &str, value: &Value, args: &Args) -> Option<Result<Value, E
             let reverse = args.get("reverse", 2).is_true();
             let mut entries = entries;
             entries.sort_by(|a, b| {
-                let (x, y) = if by_value { (&a.1, &b.1) } else { (&a.0, &b.0) };
-                let ord = to_text(x).cmp(&to_text(y));
+                let ord = if by_value {
+                    a.1.cmp(&b.1)
+                } else {
+                    a.0.cmp(&b.0)
+                };
                 if reverse {
                     ord.reverse()
                 } else {
                     ord
                 }
             });
-            Value::from_pairs(entries)
+            // a list of (key, value) pairs, so `for k, v in d|dictsort` unpacks them
+            Value::from(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| Value::from(vec![k, v]))
+                    .collect::<Vec<_>>(),
+            )
         }
         "safe" | "string" => Value::from(to_text(value)),
         "join" => return Some(Err(raise("object join not implemented"))),

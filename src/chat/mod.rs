@@ -9,12 +9,24 @@
 mod caps;
 mod clock;
 mod jinja;
+mod output;
 mod template;
 
 pub use caps::Caps;
+pub use output::{
+    Delta, OutputFormat, ParsedMessage, ReasoningFormat, StreamParser, ToolCall, ToolSyntax,
+};
 pub use template::{
     ChatTemplate, ChatTemplates, RenderInputs, SpecialTokens, TemplateChoice, CHATML_SOURCE,
 };
+
+/// The `chat_template_kwargs` upstream's server passes when neither the command line nor the
+/// request sets them: reasoning of earlier turns is kept (`--reasoning-preserve` is the default).
+pub fn server_default_kwargs() -> serde_json::Map<String, serde_json::Value> {
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("preserve_reasoning".into(), serde_json::Value::Bool(true));
+    kwargs
+}
 
 /// Why a chat request could not be turned into a prompt (or output into a message).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,7 +34,8 @@ pub struct RenderInputs<'a> {
     /// `chat_template_kwargs` (server defaults merged with the request's); become template
     /// variables, `enable_thinking` and `reasoning_effort` included.
     pub kwargs: &'a Map<String, Json>,
-    /// Thinking on unless the kwargs or the caller turn it off (`--reasoning off`).
+    /// False for `--reasoning off`; thinking is then on when the template supports it,
+    /// unless the kwargs say otherwise.
     pub enable_thinking: bool,
     /// Clock for `strftime_now`, `datetime` and `date_string`, in seconds since the epoch;
     /// `None` is now.
@@ -86,6 +87,16 @@ impl ChatTemplate {
         self.caps
     }
 
+    /// Whether the server turns thinking on for this template by default (upstream decides
+    /// it at load: dedicated family handlers say so, otherwise reasoning markers must show).
+    pub fn supports_thinking(&self) -> bool {
+        match specialised_family(&self.source) {
+            Some(Family::GigaChatV3) => false,
+            Some(Family::Qwen3Coder) | None => self.caps.supports_thinking,
+            Some(_) => true,
+        }
+    }
+
     pub fn tokens(&self) -> &SpecialTokens {
         &self.tokens
     }
@@ -110,7 +121,8 @@ impl ChatTemplate {
         let mut ctx = Map::new();
         ctx.insert("bos_token".into(), json!(self.tokens.bos_token));
         ctx.insert("eos_token".into(), json!(self.tokens.eos_token));
-        ctx.insert("enable_thinking".into(), json!(inputs.enable_thinking));
+        let thinking = inputs.enable_thinking && self.supports_thinking();
+        ctx.insert("enable_thinking".into(), json!(thinking));
         if let Some(tools) = &tools {
             ctx.insert("tools".into(), tools.clone());
         }
@@ -122,11 +134,9 @@ impl ChatTemplate {
         for (key, value) in inputs.kwargs {
             ctx.insert(key.clone(), value.clone());
         }
+        // a non-boolean `enable_thinking` kwarg stays as given, like any other kwarg
         if let Some(Json::Bool(enabled)) = inputs.kwargs.get("enable_thinking") {
             ctx.insert("enable_thinking".into(), json!(enabled));
-        }
-        if !inputs.enable_thinking && !inputs.kwargs.contains_key("enable_thinking") {
-            ctx.insert("enable_thinking".into(), json!(false));
         }
         if inputs.add_generation_prompt {
             ctx.insert("add_generation_prompt".into(), json!(true));
@@ -293,6 +303,7 @@ const NO_CAPS: Caps = Caps {
     supports_parallel_tool_calls: true,
     supports_object_arguments: false,
     supports_preserve_reasoning: false,
+    supports_thinking: false,
 };
 
 const GEMMA4_TOOL_CALL: &str = "'<|tool_call>call:'";
@@ -388,6 +399,18 @@ fn patch_source(source: &str) -> String {
             "{%- if false %}",
         );
     }
+    // Hugging Face's `{% generation %}` marks the assistant span for training; it renders its
+    // body unchanged, which a plain `if true` block does while keeping the trim markers
+    let generation =
+        regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("valid regex");
+    let src = generation.replace_all(&src, |c: &regex::Captures| {
+        let keyword = if c.get(2).is_some() {
+            "endif"
+        } else {
+            "if true"
+        };
+        format!("{{%{} {keyword} {}%}}", &c[1], &c[3])
+    });
     src.replace("\r\n", "\n").replace('\r', "\n")
 }
 

@@ -446,11 +446,11 @@ impl GgufFile {
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
                 .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-            if shape.first().copied().unwrap_or(1) % ggml_type.block_size() as u64 != 0 {
+            // A tensor without dimensions is a scalar: one row of one element.
+            let row = shape.first().copied().unwrap_or(1);
+            if !row.is_multiple_of(ggml_type.block_size() as u64) {
                 return Err(bad(format!(
-                    "row length {} is not a multiple of {}'s block size {}",
-                    shape[0],
-                    ggml_type,
+                    "row length {row} is not a multiple of {ggml_type}'s block size {}",
                     ggml_type.block_size()
                 )));
             }

@@ -20,6 +20,9 @@ pub const SERVED_ARCHITECTURES: &[&str] = &[
     "glm4moe",
 ];
 
+/// llama.cpp's limit on layers per model (`LLAMA_MAX_LAYERS`).
+const MAX_LAYERS: u32 = 512;
+
 /// One `--override-kv KEY=TYPE:VALUE` item.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvOverride {
@@ -326,6 +329,12 @@ impl Hparams {
             .to_string();
         let k = |suffix: &str| format!("{arch}.{suffix}");
         let n_layer = meta.require_u32(&k("block_count"))?;
+        if n_layer > MAX_LAYERS {
+            return Err(meta.bad(
+                &k("block_count"),
+                format!("{n_layer} layers (llama.cpp allows at most {MAX_LAYERS})"),
+            ));
+        }
         let n_embd = meta.require_u32(&k("embedding_length"))?;
         let n_ctx_train = meta.require_u32(&k("context_length"))?;
         let n_head = meta

@@ -1,4 +1,6 @@
-//! Model files: the GGUF reader, ggml tensor types and architecture hyper-parameters. Knows
+//! Model files: the GGUF reader and writer, checkpoint folders (safetensors), ggml tensor types
+//! with their dequantization and reference dot products (`quants`), metadata with
+//! `--override-kv` and architecture hyper-parameters, and synthetic models for tests. Knows
 //! nothing about HTTP or devices.
 
 pub mod error;
@@ -6,6 +8,7 @@ pub mod ftype;
 pub mod gguf;
 pub mod hparams;
 pub mod quants;
+pub mod safetensors;
 pub mod synthetic;
 pub mod types;
 pub mod writer;

@@ -32,6 +32,17 @@ pub struct Preset {
     pub rms_eps: f32,
     /// Sliding-window attention width, 0 for none.
     pub sliding_window: u32,
+    /// Shared experts (DeepSeek-V2 family), each `n_ff_exp` wide.
+    pub n_expert_shared: u32,
+    /// Leading layers with a dense FFN (DeepSeek-V2 family).
+    pub n_leading_dense: u32,
+    /// Multi-head latent attention (DeepSeek-V2 family): low-rank query (0: none) and key-value
+    /// projections, and the rotary part of each key head (`head_dim` is the key head width,
+    /// `value_dim` the value head width).
+    pub q_lora_rank: u32,
+    pub kv_lora_rank: u32,
+    pub rope_dim: u32,
+    pub value_dim: u32,
 }
 
 const fn dense(
@@ -58,6 +69,12 @@ const fn dense(
         rope_freq_base: 10000.0,
         rms_eps: 1e-6,
         sliding_window: 0,
+        n_expert_shared: 0,
+        n_leading_dense: 0,
+        q_lora_rank: 0,
+        kv_lora_rank: 0,
+        rope_dim: heads.2,
+        value_dim: heads.2,
     }
 }
 
@@ -80,6 +97,76 @@ pub const PRESETS: &[Preset] = &[
         rope_freq_base: 1e6,
         sliding_window: 512,
         ..dense("gemma-3-270m", "gemma3", 18, 640, 2048, (4, 1, 256))
+    },
+    Preset {
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_expert_shared: 1,
+        n_leading_dense: 1,
+        q_lora_rank: 128,
+        kv_lora_rank: 128,
+        rope_dim: 32,
+        value_dim: 64,
+        ..dense("tiny-deepseek2", "deepseek2", 2, 256, 512, (4, 4, 96))
+    },
+    Preset {
+        n_expert: 64,
+        n_expert_used: 6,
+        n_ff_exp: 1408,
+        n_expert_shared: 2,
+        n_leading_dense: 1,
+        kv_lora_rank: 512,
+        rope_dim: 64,
+        value_dim: 128,
+        n_ctx: 163840,
+        ..dense(
+            "deepseek-v2-lite",
+            "deepseek2",
+            27,
+            2048,
+            10944,
+            (16, 16, 192),
+        )
+    },
+    Preset {
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_expert_shared: 1,
+        n_leading_dense: 1,
+        rope_dim: 32,
+        ..dense("tiny-glm4moe", "glm4moe", 2, 256, 512, (4, 2, 64))
+    },
+    Preset {
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 1408,
+        n_expert_shared: 1,
+        n_leading_dense: 1,
+        rope_dim: 64,
+        n_ctx: 131072,
+        rope_freq_base: 1e6,
+        rms_eps: 1e-5,
+        ..dense("glm-4.5-air", "glm4moe", 46, 4096, 10944, (96, 8, 128))
+    },
+    Preset {
+        n_expert: 4,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        sliding_window: 128,
+        rope_freq_base: 150000.0,
+        ..dense("tiny-gpt-oss", "gpt-oss", 2, 256, 256, (4, 2, 64))
+    },
+    Preset {
+        n_expert: 32,
+        n_expert_used: 4,
+        n_ff_exp: 2880,
+        n_ctx: 131072,
+        rope_freq_base: 150000.0,
+        rms_eps: 1e-5,
+        sliding_window: 128,
+        ..dense("gpt-oss-20b", "gpt-oss", 24, 2880, 2880, (64, 8, 64))
     },
     Preset {
         n_expert: 128,
@@ -250,6 +337,8 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
     let x = p.n_expert as u64;
     let qk_norm = matches!(p.arch, "qwen3" | "qwen3moe" | "gemma3");
     let gemma = p.arch == "gemma3";
+    // gpt-oss: biases everywhere, attention sinks, and the post-attention norm as FFN norm.
+    let oss = p.arch == "gpt-oss";
     let mut l = Layout {
         tensors: Vec::new(),
     };
@@ -262,10 +351,36 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
     for i in 0..p.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         l.add(b("attn_norm"), f32t, &[e]);
+        if p.arch == "deepseek2" {
+            mla_layer(&mut l, p, i, mix);
+            continue;
+        }
+        if p.arch == "glm4moe" {
+            glm_layer(&mut l, p, i, mix);
+            continue;
+        }
         l.add(b("attn_q"), mix.weights, &[e, q]);
         l.add(b("attn_k"), mix.weights, &[e, kv]);
         l.add(b("attn_v"), mix.weights, &[e, kv]);
         l.add(b("attn_output"), mix.weights, &[q, e]);
+        if oss {
+            let bias = |s: &str| format!("blk.{i}.{s}.bias");
+            l.add(bias("attn_q"), f32t, &[q]);
+            l.add(bias("attn_k"), f32t, &[kv]);
+            l.add(bias("attn_v"), f32t, &[kv]);
+            l.add(bias("attn_output"), f32t, &[e]);
+            l.add(b("attn_sinks"), f32t, &[p.n_head as u64]);
+            l.add(b("post_attention_norm"), f32t, &[e]);
+            l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+            l.add(bias("ffn_gate_inp"), f32t, &[x]);
+            l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
+            l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
+            l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+            l.add(bias("ffn_gate_exps"), f32t, &[fx, x]);
+            l.add(bias("ffn_up_exps"), f32t, &[fx, x]);
+            l.add(bias("ffn_down_exps"), f32t, &[e, x]);
+            continue;
+        }
         if qk_norm {
             l.add(b("attn_q_norm"), f32t, &[hd]);
             l.add(b("attn_k_norm"), f32t, &[hd]);
@@ -289,6 +404,84 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
         }
     }
     l
+}
+
+/// One DeepSeek-V2 layer: latent attention, then a dense FFN (leading layers) or routed plus
+/// shared experts.
+fn mla_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
+    let b = |s: &str| format!("blk.{i}.{s}.weight");
+    let (e, h) = (p.n_embd as u64, p.n_head as u64);
+    let (kv_rank, q_rank) = (p.kv_lora_rank as u64, p.q_lora_rank as u64);
+    let (k_dim, v_dim, rope) = (p.head_dim as u64, p.value_dim as u64, p.rope_dim as u64);
+    let f32t = GgmlType::F32;
+    if q_rank > 0 {
+        l.add(b("attn_q_a_norm"), f32t, &[q_rank]);
+        l.add(b("attn_q_a"), mix.weights, &[e, q_rank]);
+        l.add(b("attn_q_b"), mix.weights, &[q_rank, h * k_dim]);
+    } else {
+        l.add(b("attn_q"), mix.weights, &[e, h * k_dim]);
+    }
+    l.add(b("attn_kv_a_norm"), f32t, &[kv_rank]);
+    l.add(b("attn_kv_a_mqa"), mix.weights, &[e, kv_rank + rope]);
+    l.add(
+        b("attn_kv_b"),
+        mix.weights,
+        &[kv_rank, h * (k_dim - rope + v_dim)],
+    );
+    l.add(b("attn_output"), mix.weights, &[h * v_dim, e]);
+    l.add(b("ffn_norm"), f32t, &[e]);
+    let (f, fx, x) = (p.n_ff as u64, p.n_ff_exp as u64, p.n_expert as u64);
+    if i < p.n_leading_dense {
+        l.add(b("ffn_gate"), mix.weights, &[e, f]);
+        l.add(b("ffn_up"), mix.weights, &[e, f]);
+        l.add(b("ffn_down"), mix.weights, &[f, e]);
+        return;
+    }
+    let shared = fx * p.n_expert_shared as u64;
+    l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+    l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
+    l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
+    l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+    l.add(b("ffn_gate_shexp"), mix.weights, &[e, shared]);
+    l.add(b("ffn_up_shexp"), mix.weights, &[e, shared]);
+    l.add(b("ffn_down_shexp"), mix.weights, &[shared, e]);
+}
+
+/// One GLM-4.5 layer: attention with q/k/v biases, the post-attention norm in front of the FFN,
+/// a dense FFN (leading layers) or routed experts with a routing bias plus shared experts.
+fn glm_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
+    let b = |s: &str| format!("blk.{i}.{s}.weight");
+    let bias = |s: &str| format!("blk.{i}.{s}.bias");
+    let (e, q, kv) = (
+        p.n_embd as u64,
+        (p.n_head * p.head_dim) as u64,
+        (p.n_head_kv * p.head_dim) as u64,
+    );
+    let f32t = GgmlType::F32;
+    l.add(b("attn_q"), mix.weights, &[e, q]);
+    l.add(b("attn_k"), mix.weights, &[e, kv]);
+    l.add(b("attn_v"), mix.weights, &[e, kv]);
+    l.add(bias("attn_q"), f32t, &[q]);
+    l.add(bias("attn_k"), f32t, &[kv]);
+    l.add(bias("attn_v"), f32t, &[kv]);
+    l.add(b("attn_output"), mix.weights, &[q, e]);
+    l.add(b("post_attention_norm"), f32t, &[e]);
+    let (f, fx, x) = (p.n_ff as u64, p.n_ff_exp as u64, p.n_expert as u64);
+    if i < p.n_leading_dense {
+        l.add(b("ffn_gate"), mix.weights, &[e, f]);
+        l.add(b("ffn_up"), mix.weights, &[e, f]);
+        l.add(b("ffn_down"), mix.weights, &[f, e]);
+        return;
+    }
+    let shared = fx * p.n_expert_shared as u64;
+    l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+    l.add(bias("exp_probs_b"), f32t, &[x]);
+    l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
+    l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
+    l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+    l.add(b("ffn_gate_shexp"), mix.weights, &[e, shared]);
+    l.add(b("ffn_up_shexp"), mix.weights, &[e, shared]);
+    l.add(b("ffn_down_shexp"), mix.weights, &[shared, e]);
 }
 
 /// Writes a synthetic model for `opts` to `out`.
@@ -316,7 +509,7 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     w.set(&k("attention.head_count"), MetaValue::U32(p.n_head));
     w.set(&k("attention.head_count_kv"), MetaValue::U32(p.n_head_kv));
     w.set(&k("attention.key_length"), MetaValue::U32(p.head_dim));
-    w.set(&k("attention.value_length"), MetaValue::U32(p.head_dim));
+    w.set(&k("attention.value_length"), MetaValue::U32(p.value_dim));
     w.set(
         &k("attention.layer_norm_rms_epsilon"),
         MetaValue::F32(p.rms_eps),
@@ -326,6 +519,24 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
         w.set(
             &k("attention.sliding_window"),
             MetaValue::U32(p.sliding_window),
+        );
+    }
+    if p.rope_dim != p.head_dim {
+        w.set(&k("rope.dimension_count"), MetaValue::U32(p.rope_dim));
+    }
+    if p.kv_lora_rank > 0 {
+        w.set(&k("attention.kv_lora_rank"), MetaValue::U32(p.kv_lora_rank));
+    }
+    if p.q_lora_rank > 0 {
+        w.set(&k("attention.q_lora_rank"), MetaValue::U32(p.q_lora_rank));
+    }
+    if p.n_expert_shared > 0 {
+        w.set(&k("expert_shared_count"), MetaValue::U32(p.n_expert_shared));
+    }
+    if p.n_leading_dense > 0 {
+        w.set(
+            &k("leading_dense_block_count"),
+            MetaValue::U32(p.n_leading_dense),
         );
     }
     if p.n_expert > 0 {
@@ -358,6 +569,9 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     w.write(out, |t| {
         let fan_in = t.shape[0] as f32;
         let name = t.name.as_str();
+        if name.ends_with(".bias") || name.ends_with("attn_sinks.weight") {
+            return Ok(vec![0u8; t.size() as usize]);
+        }
         if name.ends_with("_norm.weight") {
             // Gemma norms multiply by (1 + w); the others by w.
             let one = if p.arch == "gemma3" { 0.0 } else { 1.0 };

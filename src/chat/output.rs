@@ -1,0 +1,902 @@
+//! Model output back into an OpenAI message: reasoning split from content by the family's
+//! thinking tags, and tool calls recognised in the family's syntax, both for a whole message
+//! and incrementally while it streams (deltas of `reasoning_content`, `content` and tool-call
+//! arguments). Text that may still become a tag is held back while streaming, and a tool call
+//! that is cut short or malformed is dropped rather than leaked into `content`.
+
+use serde_json::Value as Json;
+
+use super::template::{specialised_family, ChatTemplate, Family};
+use super::ChatError;
+
+/// `--reasoning-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningFormat {
+    /// Thinking stays in `content`, tags included.
+    None,
+    /// Thinking goes to `reasoning_content`.
+    #[default]
+    Deepseek,
+    /// Thinking goes to `reasoning_content` and also stays, tagged, in `content`.
+    DeepseekLegacy,
+    /// Like `deepseek`.
+    Auto,
+}
+
+impl ReasoningFormat {
+    /// Parses a `--reasoning-format` / request `reasoning_format` value.
+    pub fn from_name(name: &str) -> Result<Self, ChatError> {
+        Ok(match name {
+            "none" => ReasoningFormat::None,
+            "deepseek" => ReasoningFormat::Deepseek,
+            "deepseek-legacy" => ReasoningFormat::DeepseekLegacy,
+            "auto" => ReasoningFormat::Auto,
+            other => {
+                return Err(ChatError::Messages(format!(
+                    "Unknown reasoning format: {other}"
+                )))
+            }
+        })
+    }
+
+    fn extracts(self) -> bool {
+        self != ReasoningFormat::None
+    }
+}
+
+/// One parsed tool call. `arguments` is the JSON text the model wrote (for XML-style families,
+/// the JSON object built from its parameters).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// An assistant message as parsed from model output.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParsedMessage {
+    pub content: String,
+    pub reasoning_content: String,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// How a family writes tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// No tool calls are recognised.
+    None,
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen 2.5/3, Granite 4).
+    Hermes,
+    /// `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`.
+    Qwen3Coder,
+    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]` (Mistral Nemo).
+    MistralJson,
+    /// `[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}` (Mistral Small 3.2, Devstral, Ministral 3).
+    MistralArgs,
+    /// `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>` (Llama 3.x).
+    Llama3Json,
+    /// Harmony channels: `<|channel|>commentary to=functions.NAME<|message|>{...}` (gpt-oss).
+    Harmony,
+    /// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>`.
+    DeepSeekR1,
+    /// `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` (DeepSeek V3.1).
+    DeepSeekV31,
+    /// `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>`
+    /// (Kimi K2; the `functions.NAME:IDX` is the call's id).
+    KimiK2,
+    /// `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>` (GLM 4.x).
+    Glm,
+}
+
+/// What to look for in one family's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputFormat {
+    pub think_start: String,
+    pub think_end: String,
+    /// The prompt already opened the thinking block, so output starts inside it.
+    pub thinking_forced_open: bool,
+    pub tools: ToolSyntax,
+}
+
+const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
+const KIMI_SECTION: &str = "<|tool_calls_section_begin|>";
+const KIMI_CALL: &str = "<|tool_call_begin|>";
+const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
+const KIMI_CALL_END: &str = "<|tool_call_end|>";
+
+impl OutputFormat {
+    /// The format of a template's family; `prompt` is the rendered prompt the output follows
+    /// (it tells whether thinking was opened by the template).
+    pub fn for_template(template: &ChatTemplate, prompt: &str) -> Self {
+        Self::from_source(template.source(), prompt)
+    }
+
+    fn from_source(src: &str, prompt: &str) -> Self {
+        let family = specialised_family(src);
+        let (think_start, think_end) =
+            if family == Some(Family::Ministral3) || src.contains("[THINK]") {
+                ("[THINK]", "[/THINK]")
+            } else if src.contains("<|START_THINKING|>") {
+                ("<|START_THINKING|>", "<|END_THINKING|>")
+            } else if src.contains("<seed:think>") {
+                ("<seed:think>", "</seed:think>")
+            } else {
+                ("<think>", "</think>")
+            };
+        let tools = if family == Some(Family::GptOss) {
+            ToolSyntax::Harmony
+        } else if family == Some(Family::KimiK2) {
+            ToolSyntax::KimiK2
+        } else if src.contains("<arg_key>") {
+            ToolSyntax::Glm
+        } else if matches!(family, Some(Family::Ministral3)) || src.contains("[ARGS]") {
+            ToolSyntax::MistralArgs
+        } else if src.contains("[TOOL_CALLS]") {
+            ToolSyntax::MistralJson
+        } else if family == Some(Family::Qwen3Coder) {
+            ToolSyntax::Qwen3Coder
+        } else if src.contains(DS_SEP) && src.contains("```json") {
+            ToolSyntax::DeepSeekR1
+        } else if src.contains(DS_SEP) {
+            ToolSyntax::DeepSeekV31
+        } else if src.contains("<tool_call>") {
+            ToolSyntax::Hermes
+        } else if src.contains("<|python_tag|>") || src.contains("\"parameters\": ") {
+            ToolSyntax::Llama3Json
+        } else {
+            ToolSyntax::None
+        };
+        let thinking_forced_open =
+            tools != ToolSyntax::Harmony && prompt.trim_end().ends_with(think_start);
+        OutputFormat {
+            think_start: think_start.to_string(),
+            think_end: think_end.to_string(),
+            thinking_forced_open,
+            tools,
+        }
+    }
+
+    /// Parses the whole output (`partial`: more is coming, so hold back what may still
+    /// become a tag and keep an unfinished tool call with the arguments seen so far).
+    pub fn parse(
+        &self,
+        text: &str,
+        reasoning: ReasoningFormat,
+        parse_tools: bool,
+        partial: bool,
+    ) -> ParsedMessage {
+        if self.tools == ToolSyntax::Harmony {
+            return parse_harmony(text, reasoning, parse_tools, partial);
+        }
+        let mut msg = ParsedMessage::default();
+        let (thinking, rest) = self.split_reasoning(text, partial);
+        let rest = if let Some(thinking) = thinking {
+            if reasoning.extracts() {
+                msg.reasoning_content = thinking.trim_matches(is_ws).to_string();
+                if reasoning == ReasoningFormat::DeepseekLegacy && !partial {
+                    msg.content = text[..text.len() - rest.len()].to_string();
+                }
+                rest.trim_start_matches(is_ws)
+            } else {
+                msg.content.push_str(&text[..text.len() - rest.len()]);
+                rest
+            }
+        } else {
+            rest
+        };
+        if parse_tools && self.tools != ToolSyntax::None {
+            let (content, calls) = parse_tool_calls(self.tools, rest, partial);
+            msg.content.push_str(content);
+            msg.tool_calls = calls;
+        } else {
+            msg.content.push_str(hold_back(rest, partial, &[]));
+        }
+        msg
+    }
+
+    /// Splits off the thinking block at the start of the output: (thinking, rest).
+    fn split_reasoning<'a>(&self, text: &'a str, partial: bool) -> (Option<&'a str>, &'a str) {
+        let body = if self.thinking_forced_open {
+            // the model may still repeat the opening tag the prompt ended with
+            let trimmed = text.trim_start_matches(is_ws);
+            if partial && !trimmed.is_empty() && self.think_start.starts_with(trimmed) {
+                return (None, "");
+            }
+            Some(
+                trimmed
+                    .strip_prefix(self.think_start.as_str())
+                    .unwrap_or(text),
+            )
+        } else {
+            let trimmed = text.trim_start_matches(is_ws);
+            if let Some(after) = trimmed.strip_prefix(self.think_start.as_str()) {
+                Some(after)
+            } else if partial && !trimmed.is_empty() && self.think_start.starts_with(trimmed) {
+                return (None, "");
+            } else {
+                None
+            }
+        };
+        let Some(body) = body else {
+            return (None, text);
+        };
+        match body.find(self.think_end.as_str()) {
+            Some(end) => (Some(&body[..end]), &body[end + self.think_end.len()..]),
+            // thinking the model never closed ends where a tool call starts
+            None if let Some(call) = openers(self.tools)
+                .iter()
+                .filter_map(|m| body.find(m))
+                .min() =>
+            {
+                (Some(&body[..call]), &body[call..])
+            }
+            None => {
+                let shown = if partial {
+                    let mut markers = vec![self.think_end.as_str()];
+                    markers.extend(openers(self.tools));
+                    hold_back(body, true, &markers)
+                } else {
+                    body
+                };
+                (Some(shown), "")
+            }
+        }
+    }
+}
+
+fn is_ws(c: char) -> bool {
+    matches!(c, ' ' | '\n' | '\r' | '\t')
+}
+
+/// While streaming, the end of `text` that could be the start of `markers` is not shown yet.
+fn hold_back<'a>(text: &'a str, partial: bool, markers: &[&str]) -> &'a str {
+    if !partial {
+        return text;
+    }
+    let mut cut = text.len();
+    for marker in markers {
+        for (start, _) in text.char_indices().rev().take(marker.len()) {
+            let tail = &text[start..];
+            if marker.starts_with(tail) && start < cut {
+                cut = start;
+            }
+        }
+    }
+    &text[..cut]
+}
+
+fn openers(syntax: ToolSyntax) -> &'static [&'static str] {
+    match syntax {
+        ToolSyntax::Hermes | ToolSyntax::Qwen3Coder => &["<tool_call>"],
+        ToolSyntax::MistralJson | ToolSyntax::MistralArgs => &["[TOOL_CALLS]"],
+        ToolSyntax::Llama3Json => &["<|python_tag|>"],
+        ToolSyntax::KimiK2 => &[KIMI_SECTION, KIMI_CALL],
+        ToolSyntax::Glm => &["<tool_call>"],
+        ToolSyntax::DeepSeekR1 | ToolSyntax::DeepSeekV31 => &[DS_CALLS_BEGIN, DS_CALL_BEGIN],
+        ToolSyntax::None | ToolSyntax::Harmony => &[],
+    }
+}
+
+/// Content before the first tool call, and the calls.
+fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec<ToolCall>) {
+    let markers = openers(syntax);
+    if syntax == ToolSyntax::Llama3Json {
+        let trimmed = text.trim_start_matches(is_ws);
+        if trimmed.starts_with('{') {
+            // Llama 3 answers with a bare JSON object when it calls a tool
+            return ("", llama3_calls(trimmed, partial).unwrap_or_default());
+        }
+    }
+    let first = markers
+        .iter()
+        .filter_map(|m| text.find(m).map(|p| (p, *m)))
+        .min();
+    let Some((start, marker)) = first else {
+        // streaming: whitespace may turn out to precede a tool call, which drops it
+        let shown = hold_back(text, partial, markers);
+        let shown = if partial {
+            shown.trim_end_matches(is_ws)
+        } else {
+            shown
+        };
+        return (shown, Vec::new());
+    };
+    let content = text[..start].trim_end_matches(is_ws);
+    let content = if content.len() < start && partial {
+        content
+    } else {
+        &text[..start]
+    };
+    let body = &text[start..];
+    let calls = match syntax {
+        ToolSyntax::Hermes => tagged_calls(body, "<tool_call>", "</tool_call>", partial, json_call),
+        ToolSyntax::Qwen3Coder => {
+            tagged_calls(body, "<tool_call>", "</tool_call>", partial, xml_call)
+        }
+        ToolSyntax::MistralJson => mistral_json_calls(&body[marker.len()..], partial),
+        ToolSyntax::MistralArgs => mistral_args_calls(body, partial),
+        ToolSyntax::Llama3Json => {
+            llama3_calls(body[marker.len()..].trim_start(), partial).unwrap_or_default()
+        }
+        ToolSyntax::DeepSeekR1 | ToolSyntax::DeepSeekV31 => tagged_calls(
+            body,
+            DS_CALL_BEGIN,
+            DS_CALL_END,
+            partial,
+            |inner, partial| deepseek_call(syntax, inner, partial),
+        ),
+        ToolSyntax::KimiK2 => tagged_calls(body, KIMI_CALL, KIMI_CALL_END, partial, kimi_call),
+        ToolSyntax::Glm => tagged_calls(body, "<tool_call>", "</tool_call>", partial, glm_call),
+        ToolSyntax::None | ToolSyntax::Harmony => Vec::new(),
+    };
+    (content.trim_end_matches(is_ws), calls)
+}
+
+/// Calls between `open` and `close` tags; the last may be unterminated while streaming.
+fn tagged_calls(
+    body: &str,
+    open: &str,
+    close: &str,
+    partial: bool,
+    parse_one: impl Fn(&str, bool) -> Option<ToolCall>,
+) -> Vec<ToolCall> {
+    let mut calls = Vec::new();
+    let mut rest = body;
+    while let Some(start) = rest.find(open) {
+        let inner = &rest[start + open.len()..];
+        match inner.find(close) {
+            Some(end) => {
+                calls.extend(parse_one(&inner[..end], false));
+                rest = &inner[end + close.len()..];
+            }
+            None => {
+                if partial {
+                    calls.extend(parse_one(hold_back(inner, true, &[close]), true));
+                }
+                break;
+            }
+        }
+    }
+    calls
+}
+
+/// `{"name": ..., "arguments": {...}}` with the arguments kept as written.
+fn json_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let inner = inner.trim_matches(is_ws);
+    let name = json_string_field(inner, "name")?;
+    let arguments = raw_json_field(inner, &["arguments", "parameters"], partial)?;
+    Some(ToolCall {
+        id: json_string_field(inner, "id").unwrap_or_default(),
+        name,
+        arguments,
+    })
+}
+
+/// The value of `"key": "..."` in a JSON object text, even an unfinished one.
+fn json_string_field(text: &str, key: &str) -> Option<String> {
+    let pattern = format!("\"{key}\"");
+    let at = text.find(&pattern)?;
+    let after = text[at + pattern.len()..]
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
+    let mut de = serde_json::Deserializer::from_str(after).into_iter::<String>();
+    de.next()?.ok()
+}
+
+/// The raw text of the first of `keys` whose value is an object (or, finished, any JSON
+/// value). Unfinished, the text seen so far; finished, it must be valid JSON.
+fn raw_json_field(text: &str, keys: &[&str], partial: bool) -> Option<String> {
+    for key in keys {
+        let pattern = format!("\"{key}\"");
+        let Some(at) = text.find(&pattern) else {
+            continue;
+        };
+        let after = text[at + pattern.len()..]
+            .trim_start()
+            .strip_prefix(':')?
+            .trim_start();
+        return json_prefix(after, partial);
+    }
+    None
+}
+
+/// The JSON value at the start of `text`: complete, or (streaming) as much as was written.
+fn json_prefix(text: &str, partial: bool) -> Option<String> {
+    let end = json_value_end(text);
+    match end {
+        Some(end) => {
+            let value = &text[..end];
+            serde_json::from_str::<Json>(value)
+                .ok()
+                .map(|_| value.to_string())
+        }
+        None if partial => Some(text.trim_end_matches(is_ws).to_string()),
+        None => None,
+    }
+}
+
+/// Byte length of the balanced JSON value at the start of `text`, if it is complete.
+fn json_value_end(text: &str) -> Option<usize> {
+    let mut depth = 0i32;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    in_string = false;
+                    if depth == 0 {
+                        return Some(i + 1);
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            c if depth == 0 && (c == ',' || is_ws(c)) && i > 0 => return Some(i),
+            _ => {}
+        }
+    }
+    (depth == 0 && !in_string && !text.is_empty() && !text.ends_with(is_ws))
+        .then_some(text.len())
+        .filter(|_| serde_json::from_str::<Json>(text).is_ok())
+}
+
+/// Qwen3-Coder style: `<function=NAME>` then `<parameter=KEY>VALUE</parameter>`s; values
+/// that parse as JSON keep their type, others become strings.
+fn xml_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let body = inner.trim_matches(is_ws);
+    let after = body.strip_prefix("<function=")?;
+    let name_end = after.find('>')?;
+    let name = after[..name_end].to_string();
+    let mut args = serde_json::Map::new();
+    let mut rest = &after[name_end + 1..];
+    while let Some(p) = rest.find("<parameter=") {
+        let tail = &rest[p + "<parameter=".len()..];
+        let key_end = tail.find('>')?;
+        let key = tail[..key_end].to_string();
+        let value_text = &tail[key_end + 1..];
+        let Some(end) = value_text.find("</parameter>") else {
+            // a value is only shown once closed: its type is not known before
+            if partial {
+                break;
+            }
+            return None;
+        };
+        let (value, next) = (
+            &value_text[..end],
+            &value_text[end + "</parameter>".len()..],
+        );
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        args.insert(key, typed_value(value));
+        rest = next;
+    }
+    let arguments = object_text(args, partial);
+    Some(ToolCall {
+        id: String::new(),
+        name,
+        arguments,
+    })
+}
+
+fn kimi_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let (id, args) = inner.split_once(KIMI_ARGS)?;
+    let id = id.trim();
+    let name = id.strip_prefix("functions.").unwrap_or(id);
+    let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+    let arguments = json_prefix(args.trim_matches(is_ws), partial)?;
+    Some(ToolCall {
+        id: id.to_string(),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// GLM: the name, then `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs; values that
+/// parse as JSON keep their type, others become strings.
+fn glm_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let body = inner.trim_start_matches(is_ws);
+    let name_end = body.find("<arg_key>").unwrap_or(body.len());
+    let name = body[..name_end].trim();
+    if name.is_empty() || (partial && name_end == body.len() && !body.ends_with(is_ws)) {
+        // the name may still be growing
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    let mut rest = &body[name_end..];
+    while let Some(k) = rest.find("<arg_key>") {
+        let tail = &rest[k + "<arg_key>".len()..];
+        let Some(key_end) = tail.find("</arg_key>") else {
+            break;
+        };
+        let key = tail[..key_end].trim().to_string();
+        let after = &tail[key_end + "</arg_key>".len()..];
+        let Some(v) = after.find("<arg_value>") else {
+            break;
+        };
+        let value_text = &after[v + "<arg_value>".len()..];
+        let Some(end) = value_text.find("</arg_value>") else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        args.insert(key, typed_value(&value_text[..end]));
+        rest = &value_text[end + "</arg_value>".len()..];
+    }
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// A parameter value as JSON: its own type when it parses, a string otherwise.
+fn typed_value(text: &str) -> Json {
+    serde_json::from_str::<Json>(text)
+        .ok()
+        .filter(|v| !v.is_string())
+        .unwrap_or_else(|| Json::String(text.to_string()))
+}
+
+/// Arguments built from parameters; while streaming the object is left open so later
+/// parameters only append.
+fn object_text(args: serde_json::Map<String, Json>, partial: bool) -> String {
+    let text = Json::Object(args).to_string();
+    if partial {
+        text.trim_end_matches('}').to_string()
+    } else {
+        text
+    }
+}
+
+fn mistral_json_calls(text: &str, partial: bool) -> Vec<ToolCall> {
+    let text = text.trim_start_matches(is_ws);
+    let complete = json_value_end(text)
+        .is_some_and(|end| serde_json::from_str::<Json>(&text[..end]).is_ok_and(|v| v.is_array()));
+    if !complete && !partial {
+        return Vec::new();
+    }
+    // each object of the list, the last possibly still being written
+    let inner = text.strip_prefix('[').unwrap_or(text);
+    split_objects(inner)
+        .into_iter()
+        .filter_map(|obj| json_call(obj, partial))
+        .collect()
+}
+
+/// The top-level `{...}` objects in a (possibly unfinished) list body.
+fn split_objects(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_start_matches(|c: char| is_ws(c) || c == ',');
+    while rest.starts_with('{') {
+        match json_value_end(rest) {
+            Some(end) => {
+                out.push(&rest[..end]);
+                rest = rest[end..].trim_start_matches(|c: char| is_ws(c) || c == ',');
+            }
+            None => {
+                out.push(rest);
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn mistral_args_calls(body: &str, partial: bool) -> Vec<ToolCall> {
+    let mut calls = Vec::new();
+    for chunk in body.split("[TOOL_CALLS]").skip(1) {
+        let Some(args_at) = chunk.find("[ARGS]") else {
+            continue;
+        };
+        let head = &chunk[..args_at];
+        let (name, id) = match head.split_once("[CALL_ID]") {
+            Some((name, id)) => (name, id),
+            None => (head, ""),
+        };
+        let args = chunk[args_at + "[ARGS]".len()..].trim_matches(is_ws);
+        let arguments = if partial && json_value_end(args).is_none() {
+            Some(args.to_string())
+        } else {
+            json_prefix(args, false)
+        };
+        if let Some(arguments) = arguments {
+            calls.push(ToolCall {
+                id: id.trim().to_string(),
+                name: name.trim().to_string(),
+                arguments,
+            });
+        }
+    }
+    calls
+}
+
+fn llama3_calls(text: &str, partial: bool) -> Option<Vec<ToolCall>> {
+    let call = json_call(text, partial)?;
+    if !partial && json_value_end(text).is_none() {
+        return None;
+    }
+    Some(vec![call])
+}
+
+fn deepseek_call(syntax: ToolSyntax, inner: &str, partial: bool) -> Option<ToolCall> {
+    let (head, args) = inner.split_once(DS_SEP)?;
+    if syntax == ToolSyntax::DeepSeekV31 {
+        let arguments = json_prefix(args.trim_matches(is_ws), partial)?;
+        return Some(ToolCall {
+            id: String::new(),
+            name: head.trim().to_string(),
+            arguments,
+        });
+    }
+    // R1 writes `function<｜tool▁sep｜>NAME` then the arguments in a ```json fence
+    let (name, fenced) = args.split_once('\n')?;
+    let fenced = fenced.trim_start();
+    let json = match fenced.strip_prefix("```json") {
+        Some(json) => json.trim_start(),
+        None if partial && "```json".starts_with(fenced) => "",
+        None => fenced,
+    };
+    let json = json
+        .trim_end_matches(is_ws)
+        .trim_end_matches('`')
+        .trim_end_matches(is_ws);
+    let arguments = json_prefix(json, partial)?;
+    Some(ToolCall {
+        id: String::new(),
+        name: name.trim().to_string(),
+        arguments,
+    })
+}
+
+/// Harmony (gpt-oss): messages `<|channel|>CHANNEL[ to=functions.NAME][ <|constrain|>json]<|message|>TEXT`
+/// separated by `<|end|><|start|>assistant`; `analysis` is reasoning, `final` and plain
+/// `commentary` are content, a `to=functions.NAME` recipient makes a tool call.
+fn parse_harmony(
+    text: &str,
+    reasoning: ReasoningFormat,
+    parse_tools: bool,
+    partial: bool,
+) -> ParsedMessage {
+    let mut msg = ParsedMessage::default();
+    if !reasoning.extracts() {
+        // upstream shows the analysis message raw and the final message's text
+        let mut out = String::new();
+        for (header, body, _) in harmony_messages(text, partial) {
+            if header.contains("final") {
+                out.push_str(&body);
+            } else {
+                out.push_str(&format!("<|channel|>{header}<|message|>{body}<|end|>"));
+            }
+        }
+        msg.content = out;
+        return msg;
+    }
+    for (header, body, closed) in harmony_messages(text, partial) {
+        let recipient = header
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("to=functions."))
+            .map(|n| n.trim_end_matches("<|constrain|>json").to_string());
+        match recipient {
+            Some(name) if parse_tools => {
+                let args = body.trim_matches(is_ws);
+                let arguments = if closed || !partial {
+                    json_prefix(args, false)
+                } else {
+                    Some(args.to_string())
+                };
+                if let Some(arguments) = arguments {
+                    msg.tool_calls.push(ToolCall {
+                        id: String::new(),
+                        name,
+                        arguments,
+                    });
+                }
+            }
+            Some(_) => {}
+            None if header.starts_with("analysis") => msg.reasoning_content.push_str(&body),
+            None => msg.content.push_str(&body),
+        }
+    }
+    msg
+}
+
+/// (header, text, finished) of each Harmony message in the output.
+fn harmony_messages(text: &str, partial: bool) -> Vec<(String, String, bool)> {
+    const MARKERS: [&str; 6] = [
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|start|>",
+        "<|call|>",
+        "<|return|>",
+    ];
+    let mut out = Vec::new();
+    let mut rest = text;
+    // a role header may carry the recipient: " to=functions.NAME<|channel|>..."
+    while let Some(ch) = rest.find("<|channel|>") {
+        let prefix = &rest[..ch];
+        let after = &rest[ch + "<|channel|>".len()..];
+        let Some(msg_at) = after.find("<|message|>") else {
+            break;
+        };
+        let mut header = after[..msg_at].trim().to_string();
+        if let Some(to) = prefix.split_whitespace().find(|w| w.starts_with("to=")) {
+            header = format!("{header} {to}");
+        }
+        let body_all = &after[msg_at + "<|message|>".len()..];
+        let end = ["<|end|>", "<|call|>", "<|return|>"]
+            .iter()
+            .filter_map(|m| body_all.find(m).map(|p| (p, m.len())))
+            .min();
+        match end {
+            Some((p, len)) => {
+                out.push((header, body_all[..p].to_string(), true));
+                rest = &body_all[p + len..];
+            }
+            None => {
+                let body = hold_back(body_all, partial, &MARKERS);
+                out.push((header, body.to_string(), false));
+                break;
+            }
+        }
+    }
+    if out.is_empty() && !text.contains("<|channel|>") {
+        out.push((
+            "final".into(),
+            hold_back(text, partial, &MARKERS).to_string(),
+            !partial,
+        ));
+    }
+    out
+}
+
+/// One streamed change to the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    Reasoning(String),
+    Content(String),
+    /// The start of tool call `index` (its id and name), or more of its arguments.
+    ToolCall {
+        index: usize,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+    },
+}
+
+/// Parses output as it streams: feed pieces, get deltas; ids are given to tool calls that
+/// have none (as upstream's server does) and kept stable across deltas.
+#[derive(Debug)]
+pub struct StreamParser {
+    format: OutputFormat,
+    reasoning: ReasoningFormat,
+    parse_tools: bool,
+    text: String,
+    shown: ParsedMessage,
+    ids: Vec<String>,
+    id_seed: u64,
+}
+
+impl StreamParser {
+    pub fn new(format: OutputFormat, reasoning: ReasoningFormat, parse_tools: bool) -> Self {
+        let id_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x9e37_79b9_7f4a_7c15);
+        StreamParser {
+            format,
+            reasoning,
+            parse_tools,
+            text: String::new(),
+            shown: ParsedMessage::default(),
+            ids: Vec::new(),
+            id_seed,
+        }
+    }
+
+    /// Adds generated text; returns what became visible.
+    pub fn push(&mut self, piece: &str) -> Vec<Delta> {
+        self.text.push_str(piece);
+        let parsed = self
+            .format
+            .parse(&self.text, self.reasoning, self.parse_tools, true);
+        self.advance(parsed)
+    }
+
+    /// Ends the stream: the final message and the last deltas.
+    pub fn finish(mut self) -> (ParsedMessage, Vec<Delta>) {
+        let parsed = self
+            .format
+            .parse(&self.text, self.reasoning, self.parse_tools, false);
+        let deltas = self.advance(parsed);
+        (self.shown, deltas)
+    }
+
+    fn next_id(&mut self) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        (0..32)
+            .map(|_| {
+                // xorshift: ids need to be unique, not unpredictable
+                self.id_seed ^= self.id_seed << 13;
+                self.id_seed ^= self.id_seed >> 7;
+                self.id_seed ^= self.id_seed << 17;
+                ALPHABET[(self.id_seed % ALPHABET.len() as u64) as usize] as char
+            })
+            .collect()
+    }
+
+    fn advance(&mut self, mut parsed: ParsedMessage) -> Vec<Delta> {
+        let mut deltas = Vec::new();
+        // never take back what was shown: only growth is streamed
+        if let Some(more) = parsed
+            .reasoning_content
+            .strip_prefix(self.shown.reasoning_content.as_str())
+        {
+            if !more.is_empty() {
+                deltas.push(Delta::Reasoning(more.to_string()));
+            }
+        } else {
+            parsed.reasoning_content = self.shown.reasoning_content.clone();
+        }
+        if let Some(more) = parsed.content.strip_prefix(self.shown.content.as_str()) {
+            if !more.is_empty() {
+                deltas.push(Delta::Content(more.to_string()));
+            }
+        } else {
+            parsed.content = self.shown.content.clone();
+        }
+        for (index, call) in parsed.tool_calls.iter_mut().enumerate() {
+            if index >= self.ids.len() {
+                let id = if call.id.is_empty() {
+                    self.next_id()
+                } else {
+                    call.id.clone()
+                };
+                self.ids.push(id);
+            }
+            call.id = self.ids[index].clone();
+            match self.shown.tool_calls.get(index) {
+                None => deltas.push(Delta::ToolCall {
+                    index,
+                    id: Some(call.id.clone()),
+                    name: Some(call.name.clone()),
+                    arguments: call.arguments.clone(),
+                }),
+                Some(old) => match call.arguments.strip_prefix(old.arguments.as_str()) {
+                    Some(more) if !more.is_empty() => deltas.push(Delta::ToolCall {
+                        index,
+                        id: None,
+                        name: None,
+                        arguments: more.to_string(),
+                    }),
+                    Some(_) => {}
+                    None => call.arguments = old.arguments.clone(),
+                },
+            }
+        }
+        if parsed.tool_calls.len() < self.shown.tool_calls.len() {
+            parsed.tool_calls = self.shown.tool_calls.clone();
+        }
+        self.shown = parsed;
+        deltas
+    }
+}
