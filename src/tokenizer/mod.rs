@@ -8,7 +8,6 @@
 //! goes through [`Utf8Stream`], which holds back an incomplete character until the rest arrives.
 
 mod bpe;
-mod codec;
 mod fxhash;
 mod load;
 mod pretok;
