@@ -276,3 +276,46 @@ fn only_markers(s: &str) -> bool {
 fn marker_count(s: &str) -> usize {
     s.chars().filter(|c| *c == '<' || *c == '[').count()
 }
+
+/// The tags (with their surrounding whitespace) the template wraps earlier reasoning in, as
+/// upstream's parser generator finds them: the tag before the reasoning text with the
+/// whitespace after it, and the tag after it with the whitespace on both sides.
+pub(crate) fn reasoning_wrapping(
+    render: impl Fn(&Json) -> Option<String>,
+) -> Option<(String, String)> {
+    let ctx = json!({
+        "messages": [
+            {"role": "user", "content": "USER_MESSAGE_MARKER"},
+            {"role": "assistant", "content": "ASSISTANT_MESSAGE_MARKER", "reasoning_content": THINKING_MARKER},
+        ],
+        "bos_token": "",
+        "eos_token": "",
+        "enable_thinking": true,
+    });
+    let out = render(&ctx)?;
+    let pos = out.find(THINKING_MARKER)?;
+    let before = &out[..pos];
+    let after = &out[pos + THINKING_MARKER.len()..];
+    let pre_ws = before.len() - before.trim_end_matches(is_space).len();
+    let tag_end = before.len() - pre_ws;
+    let tag_start = before[..tag_end].rfind(['<', '['])?;
+    let start = before[tag_start..].to_string();
+    if !only_markers(&before[tag_start..tag_end]) {
+        return None;
+    }
+    let lead = after.len() - after.trim_start_matches(is_space).len();
+    let rest = &after[lead..];
+    let close = match rest.chars().next()? {
+        '<' => '>',
+        '[' => ']',
+        _ => return None,
+    };
+    let tag_len = rest.find(close)? + 1;
+    let tail = &rest[tag_len..];
+    let trail = tail.len() - tail.trim_start_matches(is_space).len();
+    Some((start, after[..lead + tag_len + trail].to_string()))
+}
+
+fn is_space(c: char) -> bool {
+    matches!(c, ' ' | '\n' | '\r' | '\t')
+}

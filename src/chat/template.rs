@@ -47,6 +47,8 @@ pub struct ChatTemplate {
     source: String,
     tokens: SpecialTokens,
     caps: Caps,
+    /// How earlier reasoning is wrapped, used to reopen it when continuing a message.
+    reasoning_wrapping: Option<(String, String)>,
     env: minijinja::Environment<'static>,
 }
 
@@ -73,9 +75,12 @@ impl ChatTemplate {
             source,
             tokens,
             caps: NO_CAPS,
+            reasoning_wrapping: None,
             env,
         };
         template.caps = caps::detect(|ctx| template.render_context(jinja::from_json(ctx)).ok());
+        template.reasoning_wrapping =
+            caps::reasoning_wrapping(|ctx| template.render_context(jinja::from_json(ctx)).ok());
         Ok(template)
     }
 
@@ -112,18 +117,96 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation as upstream's `/apply-template` would.
+    /// A trailing assistant message is continued (upstream's default prefill).
     pub fn render(&self, inputs: &RenderInputs) -> Result<String, ChatError> {
-        let messages = parse_messages(inputs.messages)?;
-        let tools = parse_tools(inputs.tools)?;
-        let mut messages = self.messages_for_template(messages)?;
-        let now = inputs.now.unwrap_or_else(clock::now_seconds);
+        self.render_with_prefill(inputs, true)
+    }
 
+    /// Renders with `prefill_assistant` chosen (false for `--no-prefill-assistant`: a trailing
+    /// assistant message is then closed like any other).
+    pub fn render_with_prefill(
+        &self,
+        inputs: &RenderInputs,
+        prefill_assistant: bool,
+    ) -> Result<String, ChatError> {
+        let mut messages = parse_messages(inputs.messages)?;
+        let tools = parse_tools(inputs.tools)?;
+        let now = inputs.now.unwrap_or_else(clock::now_seconds);
+        // a trailing assistant message is continued, not closed (upstream's prefill)
+        let continued = match messages.last() {
+            Some(last) if prefill_assistant && last.role == "assistant" => {
+                if messages.len() >= 2 && messages[messages.len() - 2].role == "assistant" {
+                    return Err(ChatError::Messages(
+                        "Cannot have 2 or more assistant messages at the end of the list.".into(),
+                    ));
+                }
+                if !last.tool_calls.is_empty() {
+                    return Err(ChatError::Messages(
+                        "Cannot continue an assistant message that contains tool calls.".into(),
+                    ));
+                }
+                messages.pop()
+            }
+            _ => None,
+        };
+        let messages = self.messages_for_template(messages)?;
+        let Some(last) = continued else {
+            return self.apply(
+                messages,
+                tools.as_ref(),
+                inputs.add_generation_prompt,
+                inputs,
+                now,
+            );
+        };
+        let closed = self.apply(messages.clone(), tools.as_ref(), false, inputs, now)?;
+        let opened = self.apply(messages, tools.as_ref(), true, inputs, now)?;
+        let common = closed
+            .bytes()
+            .zip(opened.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let mut generation = opened[common..].to_string();
+        let content = last.render_content();
+        let reasoning_only =
+            !last.reasoning.is_empty() && last.content.is_empty() && last.parts.is_empty();
+        // without reasoning shown in history, the family's bare tags
+        let wrapping = self.reasoning_wrapping.clone().unwrap_or_else(|| {
+            let format = super::output::OutputFormat::for_template(self, "");
+            (format.think_start, format.think_end)
+        });
+        if self.supports_thinking() {
+            let (start, end) = (&wrapping.0, &wrapping.1);
+            if let Some(at) = generation.find(start.as_str()) {
+                generation.truncate(at);
+            }
+            generation.push_str(start);
+            generation.push_str(&last.reasoning);
+            if !reasoning_only {
+                generation.push_str(end);
+            }
+        }
+        if !reasoning_only {
+            generation.push_str(&content);
+        }
+        Ok(closed + &generation)
+    }
+
+    /// Upstream's direct application of the template to prepared messages.
+    fn apply(
+        &self,
+        mut messages: Vec<Json>,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        inputs: &RenderInputs,
+        now: i64,
+    ) -> Result<String, ChatError> {
         let mut ctx = Map::new();
         ctx.insert("bos_token".into(), json!(self.tokens.bos_token));
         ctx.insert("eos_token".into(), json!(self.tokens.eos_token));
         let thinking = inputs.enable_thinking && self.supports_thinking();
         ctx.insert("enable_thinking".into(), json!(thinking));
-        if let Some(tools) = &tools {
+        if let Some(tools) = tools {
             ctx.insert("tools".into(), tools.clone());
         }
         ctx.insert("datetime".into(), json!(clock::strftime("%b %d %Y", now)));
@@ -138,7 +221,7 @@ impl ChatTemplate {
         if let Some(Json::Bool(enabled)) = inputs.kwargs.get("enable_thinking") {
             ctx.insert("enable_thinking".into(), json!(enabled));
         }
-        if inputs.add_generation_prompt {
+        if add_generation_prompt {
             ctx.insert("add_generation_prompt".into(), json!(true));
         }
         if let Some(Json::Bool(enabled)) = ctx.get("preserve_reasoning").cloned() {
@@ -172,7 +255,7 @@ impl ChatTemplate {
                 prompt = rest.to_string();
             }
         }
-        if inputs.add_generation_prompt
+        if add_generation_prompt
             && self.source.contains(GEMMA4_TOOL_CALL)
             && prompt.ends_with("<turn|>\n")
         {
@@ -445,6 +528,20 @@ struct ToolCallIn {
 }
 
 impl Message {
+    /// The text of the message: its content, or its text parts joined by newlines.
+    fn render_content(&self) -> String {
+        if !self.content.is_empty() {
+            return self.content.clone();
+        }
+        let texts: Vec<&str> = self
+            .parts
+            .iter()
+            .filter(|(t, _)| t == "text")
+            .map(|(_, x)| x.as_str())
+            .collect();
+        texts.join("\n")
+    }
+
     fn trimmed(mut self) -> Self {
         let ws = |c: char| c.is_ascii_whitespace();
         self.content = self.content.trim_matches(ws).to_string();

@@ -8,10 +8,10 @@
 use super::kv::KvCache;
 use super::SeqId;
 use crate::backend::cpu::dot::kernel;
-use crate::backend::cpu::f16::f16_to_f32;
 use crate::backend::cpu::pool::{split_range, SyncPtr, ThreadPool};
-use crate::backend::cpu::quant::{act_row_bytes, dequantize_row, quantize_act, vec_dot_type};
+use crate::backend::cpu::quant::{act_row_bytes, quantize_act};
 use crate::backend::cpu::vec::{mad_f16, scale_f16};
+use crate::model::quants::{dequantize, f16_to_f32, vec_dot_type};
 use crate::model::GgmlType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +101,7 @@ fn one_head(
     let half_v = shape.mode == AttnMode::HalfAccum && kv.type_v == GgmlType::F16;
     let (q_ty, kdot) = match shape.mode {
         AttnMode::HalfAccum => (
-            vec_dot_type(kv.type_k).expect("cache types are checked at load"),
+            vec_dot_type(kv.type_k),
             kernel(kv.type_k).expect("cache types are checked at load"),
         ),
         AttnMode::Exact => (GgmlType::F32, kernel(GgmlType::F32).expect("f32 kernel")),
@@ -128,7 +128,7 @@ fn one_head(
             AttnMode::HalfAccum => kdot(dk, krow, &sc.q_conv),
             AttnMode::Exact => {
                 sc.k32.resize(dk, 0.0);
-                dequantize_row(kv.type_k, krow, &mut sc.k32);
+                dequantize(kv.type_k, krow, &mut sc.k32).expect("cache types are checked at load");
                 k_f32_bytes.clear();
                 k_f32_bytes.extend(sc.k32.iter().flat_map(|v| v.to_le_bytes()));
                 kdot(dk, &k_f32_bytes, &sc.q_conv)
@@ -151,7 +151,7 @@ fn one_head(
         if half_v {
             mad_f16(&mut sc.acc16, vrow, vs);
         } else {
-            dequantize_row(kv.type_v, vrow, &mut sc.v32);
+            dequantize(kv.type_v, vrow, &mut sc.v32).expect("cache types are checked at load");
             sc.acc32
                 .iter_mut()
                 .zip(&sc.v32)

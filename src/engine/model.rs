@@ -11,10 +11,10 @@ use super::attention::{attend, AttnMode, AttnShape};
 use super::kv::KvCache;
 use super::weights::{Loader, Tensor};
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
-use crate::backend::cpu::f16::{f16_to_f32, f32_to_f16};
 use crate::backend::cpu::matmul::{matmul, Activations};
 use crate::backend::cpu::quant::QK8_0;
 use crate::backend::cpu::ThreadPool;
+use crate::model::quants::{f16_to_f32, f32_to_f16};
 use crate::model::GgmlType;
 
 enum Ffn {
@@ -85,9 +85,6 @@ struct Buffers {
     logits: Vec<f32>,
 }
 
-/// Types the embedding rows can be read from (until the model module's dequantizers land).
-const EMBD_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0];
-
 impl Model {
     pub fn load(
         spec: &'static ArchSpec,
@@ -102,12 +99,8 @@ impl Model {
             .ok_or_else(|| EngineError::Load("missing tensor token_embd.weight".into()))?;
         let n_vocab = info.shape.get(1).copied().unwrap_or(0) as usize;
         let tok_embd = ld.matrix("token_embd.weight", &[n_embd, n_vocab])?;
-        if !EMBD_TYPES.contains(&tok_embd.ty) {
-            return Err(EngineError::Load(format!(
-                "token_embd.weight has type {}, embeddings are read from f32, f16, q8_0 or q4_0 only",
-                tok_embd.ty
-            )));
-        }
+        // embedding rows are dequantized on lookup: refuse a type we cannot read now, not later
+        tok_embd.row_f32(0, &mut vec![0.0; n_embd])?;
         let output = ld.optional_matrix("output.weight", &[n_embd, n_vocab])?;
         let output_norm = ld.vector("output_norm.weight", n_embd)?;
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
@@ -283,7 +276,7 @@ impl Model {
         let embd_scale = (n_embd as f32).sqrt();
         for (i, &tok) in batch.tokens[r.clone()].iter().enumerate() {
             let row = &mut b.x[i * n_embd..(i + 1) * n_embd];
-            self.tok_embd.row_f32(tok as usize, row);
+            self.tok_embd.row_f32(tok as usize, row)?;
             if self.spec.embd_scale {
                 row.iter_mut().for_each(|v| *v *= embd_scale);
             }

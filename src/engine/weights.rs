@@ -9,8 +9,8 @@ use memmap2::Mmap;
 
 use super::EngineError;
 use crate::backend::cpu::dot::kernel;
-use crate::backend::cpu::quant::dequantize_row;
 use crate::backend::cpu::QMat;
+use crate::model::quants::dequantize;
 use crate::model::{GgmlType, GgufFile};
 
 pub struct Tensor {
@@ -39,8 +39,9 @@ impl Tensor {
     }
 
     /// Row `r` as floats (embedding lookups).
-    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        dequantize_row(self.ty, self.mat().row(r), out);
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), EngineError> {
+        dequantize(self.ty, self.mat().row(r), out)
+            .map_err(|e| EngineError::Load(format!("reading a row of {}: {e}", self.name)))
     }
 }
 
@@ -137,7 +138,8 @@ impl<'a> Loader<'a> {
             )));
         }
         let mut out = vec![0.0; n];
-        dequantize_row(t.ty, t.data(), &mut out);
+        dequantize(t.ty, t.data(), &mut out)
+            .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")))?;
         Ok(out)
     }
 

@@ -1,11 +1,11 @@
-//! AVX2 + FMA dot products, the same products as [`super::quant::scalar`] with the integer sums
-//! done in SIMD. Each function is `unsafe` only because the caller must have detected the
+//! AVX2 + FMA dot products, the same products as `model::quants::vec_dot_ref` with the integer
+//! sums done in SIMD. Each function is `unsafe` only because the caller must have detected the
 //! features; [`super::dot::kernel`] does that once.
 
 use std::arch::x86_64::*;
 
-use super::f16::f16_to_f32;
-use super::quant::{scale_min_k4, Q8_0_BYTES, Q8_K_BYTES, QK8_0, QK_K};
+use super::quant::{e8m0_half, scale_min_k4, Q8_0_BYTES, Q8_K_BYTES, QK8_0, QK_K};
+use crate::model::quants::f16_to_f32;
 
 #[inline(always)]
 fn rd_f16(b: &[u8], at: usize) -> f32 {
@@ -133,15 +133,6 @@ pub unsafe fn mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         |b| _mm256_shuffle_epi8(table, nibbles(b, 1)),
         |b| e8m0_half(b[0]),
     )
-}
-
-#[inline(always)]
-fn e8m0_half(e: u8) -> f32 {
-    if e < 2 {
-        f32::from_bits(0x0020_0000 << e)
-    } else {
-        f32::from_bits(((e as u32) - 1) << 23)
-    }
 }
 
 #[inline(always)]

@@ -3,7 +3,8 @@
 
 use std::sync::OnceLock;
 
-use super::quant::scalar;
+use super::quant::mxfp4_q8_0;
+use crate::model::quants::vec_dot_ref;
 use crate::model::GgmlType;
 
 /// `n` elements of a weight row against activations in the weight type's `vec_dot_type`.
@@ -40,19 +41,24 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
+/// `model::quants`' reference product for a type the loader accepted (lengths are exact there).
+fn reference(t: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    vec_dot_ref(t, w, a, n).unwrap_or_else(|e| panic!("reference dot product: {e}"))
+}
+
 /// The scalar kernel for weights of type `w`, or `None` when we have none.
 pub fn scalar_kernel(w: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
     Some(match w {
-        F32 => scalar::f32_f32,
-        F16 => scalar::f16_f16,
-        Q4_0 => scalar::q4_0_q8_0,
-        Q5_0 => scalar::q5_0_q8_0,
-        Q8_0 => scalar::q8_0_q8_0,
-        Mxfp4 => scalar::mxfp4_q8_0,
-        Q4K => scalar::q4_k_q8_k,
-        Q5K => scalar::q5_k_q8_k,
-        Q6K => scalar::q6_k_q8_k,
+        F32 => |n, w, a| reference(F32, n, w, a),
+        F16 => |n, w, a| reference(F16, n, w, a),
+        Q4_0 => |n, w, a| reference(Q4_0, n, w, a),
+        Q5_0 => |n, w, a| reference(Q5_0, n, w, a),
+        Q8_0 => |n, w, a| reference(Q8_0, n, w, a),
+        Q4K => |n, w, a| reference(Q4K, n, w, a),
+        Q5K => |n, w, a| reference(Q5K, n, w, a),
+        Q6K => |n, w, a| reference(Q6K, n, w, a),
+        Mxfp4 => mxfp4_q8_0,
         _ => return None,
     })
 }
@@ -91,8 +97,9 @@ fn simd_kernel(_w: GgmlType) -> Option<DotFn> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::quant::{act_row_bytes, quantize_act, vec_dot_type};
+    use super::super::quant::{act_row_bytes, quantize_act};
     use super::*;
+    use crate::model::quants::vec_dot_type;
 
     struct Rng(u64);
     impl Rng {
@@ -112,7 +119,7 @@ mod tests {
         let mut w: Vec<u8> = (0..ty.bytes_for(n as u64).unwrap())
             .map(|_| rng.next() as u8)
             .collect();
-        let half = |v: f32| super::super::f16::f32_to_f16(v).to_le_bytes();
+        let half = |v: f32| crate::model::quants::f32_to_f16(v).to_le_bytes();
         let bs = ty.type_size();
         for b in w.chunks_exact_mut(bs) {
             match ty {
@@ -139,7 +146,7 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for ty in [F32, F16, Q4_0, Q5_0, Q8_0, Mxfp4, Q4K, Q5K, Q6K] {
             let n = 512;
-            let act = vec_dot_type(ty).unwrap();
+            let act = vec_dot_type(ty);
             let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
             let mut a = vec![0u8; act_row_bytes(act, n)];
             quantize_act(act, &x, &mut a);

@@ -5,7 +5,8 @@
 
 use super::dot::{kernel, DotFn};
 use super::pool::{split_range, SyncPtr, ThreadPool};
-use super::quant::{act_row_bytes, quantize_act, vec_dot_type};
+use super::quant::{act_row_bytes, quantize_act};
+use crate::model::quants::vec_dot_type;
 use crate::model::GgmlType;
 
 /// A 2-D weight: `rows` rows of `cols` elements of type `ty`, row-major.
@@ -65,7 +66,7 @@ impl Activations {
 
     /// Converts `n` rows of `cols` floats for products with weights of type `w`.
     pub fn prepare(&mut self, pool: &ThreadPool, w: GgmlType, x: &[f32], cols: usize, n: usize) {
-        let ty = vec_dot_type(w).unwrap_or_else(|| panic!("no kernel for {w}: checked at load"));
+        let ty = vec_dot_type(w);
         let rb = act_row_bytes(ty, cols);
         self.ty = ty;
         self.cols = cols;
@@ -161,7 +162,7 @@ unsafe fn tile_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::f16::f32_to_f16;
+    use crate::model::quants::f32_to_f16;
 
     #[test]
     fn matmul_matches_row_by_row_dots() {

@@ -4,7 +4,6 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod dot;
-pub mod f16;
 pub mod matmul;
 pub mod pool;
 pub mod quant;

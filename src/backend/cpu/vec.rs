@@ -1,7 +1,7 @@
 //! Elementwise helpers on half-precision vectors for attention, dispatched like the dot kernels.
 
 use super::dot::{isa, Isa};
-use super::f16::{f16_to_f32, f32_to_f16};
+use crate::model::quants::{f16_to_f32, f32_to_f16};
 
 /// `x` holds little-endian halves.
 pub fn mad_f16_scalar(y: &mut [u16], x: &[u8], v: f32) {

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Records the engine goldens from upstream llama-server b11434 (CPU): for each prompt, the token
+ids `/tokenize` gives (with the BOS the model adds) and the greedy continuation of up to 64 tokens
+with the top-5 log-probabilities of each step. Those are the softmax of the raw logits
+(`post_sampling_probs` left false), which is what the engine test can compare against its logits.
+
+Usage: scripts/record-engine-goldens.py [--port 18089]
+Writes compat/golden/b11434/engine/gemma3-270m.json.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("BLOOMERY_CACHE", os.path.expanduser("~/.cache/bloomery"))
+MODEL = os.path.join(CACHE, "models", "gemma-3-270m-q4_k_m.gguf")
+OUT = os.path.join(ROOT, "compat", "golden", "b11434", "engine", "gemma3-270m.json")
+SERVER_ARGS = ["-c", "4096", "--parallel", "1", "-t", "2"]
+N_PREDICT = 64
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Q: What is 17 times 23?\nA:",
+    "The three primary colors are",
+    "<start_of_turn>user\nWrite a haiku about autumn leaves.<end_of_turn>\n<start_of_turn>model\n",
+    "Translate to German: The weather is nice today.\nGerman:",
+    "1, 2, 3, 5, 8, 13,",
+    "In 1969, the first humans landed on",
+    "SELECT name, email FROM users WHERE",
+    "Les chats sont des animaux",
+    "A list of healthy breakfast ideas:\n1.",
+]
+
+
+def post(port, path, body):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.load(r)
+
+
+def wait_healthy(port, proc):
+    for _ in range(600):
+        if proc.poll() is not None:
+            sys.exit(f"llama-server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    sys.exit("llama-server did not become healthy in 300 s")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=18089)
+    args = ap.parse_args()
+    server = subprocess.check_output([os.path.join(ROOT, "scripts", "upstream.sh")], text=True).strip()
+    cmd = [server, "-m", MODEL, "--host", "127.0.0.1", "--port", str(args.port)] + SERVER_ARGS
+    log = open(os.path.join(CACHE, "upstream", "record-engine-goldens.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(args.port, proc)
+        cases = []
+        for prompt in PROMPTS:
+            ids = post(args.port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+            res = post(
+                args.port,
+                "/completion",
+                {
+                    "prompt": ids,
+                    "n_predict": N_PREDICT,
+                    "temperature": 0,
+                    "samplers": ["top_k"],
+                    "top_k": 1,
+                    "n_probs": 5,
+                    "post_sampling_probs": False,
+                    "cache_prompt": False,
+                    "return_tokens": True,
+                },
+            )
+            steps = [
+                [[p["id"], p["logprob"]] for p in step["top_logprobs"]]
+                for step in res["completion_probabilities"]
+            ]
+            cases.append(
+                {
+                    "prompt": prompt,
+                    "prompt_ids": ids,
+                    "tokens": res["tokens"],
+                    "top_logprobs": steps,
+                    "stop_type": res.get("stop_type"),
+                }
+            )
+            print(f"{len(ids):3} prompt tokens -> {len(res['tokens'])} tokens: {prompt!r}", file=sys.stderr)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    golden = {
+        "upstream": "llama-server b11434 (CPU build from scripts/upstream.sh)",
+        "model": os.path.basename(MODEL),
+        "server_args": SERVER_ARGS,
+        "n_predict": N_PREDICT,
+        "cases": cases,
+    }
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w") as f:
+        json.dump(golden, f, indent=1)
+        f.write("\n")
+    print(f"wrote {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
