@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export BLOOMERY_CACHE="${BLOOMERY_CACHE:-$HOME/.cache/bloomery}"
 scripts/fetch-test-data.sh >/dev/null
-# the gguf-py oracle (from the upstream sdist) needs numpy
-python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q numpy
+# the gguf-py oracle (from the upstream sdist) needs numpy; the FP8 test checks against ml_dtypes
+python3 -c "import numpy, ml_dtypes" 2>/dev/null || python3 -m pip install -q numpy ml_dtypes
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 cargo test --all-targets --no-fail-fast
