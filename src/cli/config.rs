@@ -219,24 +219,8 @@ pub struct ModelSource {
     pub offline: bool,
     pub aliases: BTreeSet<String>,
     pub tags: BTreeSet<String>,
-    pub override_kv: Vec<KvOverride>,
+    pub override_kv: Vec<crate::model::KvOverride>,
     pub check_tensors: bool,
-}
-
-/// `--override-kv KEY=TYPE:VALUE`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct KvOverride {
-    pub key: String,
-    pub value: KvValue,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvValue {
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-    Str(String),
 }
 
 /// A LoRA adapter or control vector file with its scale.

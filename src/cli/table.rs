@@ -4,14 +4,15 @@
 //! `--help`, completions and the man page are all generated from `GROUPS`.
 
 use super::config::{
-    CardBudget, DeviceChoice, GpuLayers, Grammar, KvOverride, KvValue, LazyMode, LoadMode, Place,
-    ScaledFile, SplitMode, TensorOverride,
+    CardBudget, DeviceChoice, GpuLayers, Grammar, LazyMode, LoadMode, Place, ScaledFile, SplitMode,
+    TensorOverride,
 };
 use super::parse::{Exit, Parsed};
 use super::values::{
-    atof, atol, csv_row, is_falsey, is_truthy, parse_json, parse_size, parse_tristate,
-    read_text_file, split_list, stof, stoi, stoull, strict_f64, trimmed_items, Applied, Refusal,
+    csv_row, is_falsey, is_truthy, parse_json, parse_size, parse_tristate, read_text_file,
+    split_list, stof, stoi, stoull, strict_f64, trimmed_items, Applied, Refusal,
 };
+use crate::model::KvOverride;
 use crate::sampling::SamplerType;
 
 /// How an option takes its value; this also decides how its environment variable is read
@@ -319,33 +320,9 @@ fn finite(v: &str, what: &str) -> Result<f32, Refusal> {
     }
 }
 
+/// One `--override-kv` item, parsed by the model's rules (the loader applies it).
 fn kv_override(item: &str) -> Option<KvOverride> {
-    let (key, rest) = item.split_once('=')?;
-    if key.len() >= 128 {
-        return None;
-    }
-    let value = if let Some(x) = rest.strip_prefix("int:") {
-        KvValue::Int(atol(x))
-    } else if let Some(x) = rest.strip_prefix("float:") {
-        KvValue::Float(atof(x))
-    } else if let Some(x) = rest.strip_prefix("bool:") {
-        KvValue::Bool(match x {
-            "true" => true,
-            "false" => false,
-            _ => return None,
-        })
-    } else if let Some(x) = rest.strip_prefix("str:") {
-        if x.len() > 127 {
-            return None;
-        }
-        KvValue::Str(x.to_string())
-    } else {
-        return None;
-    };
-    Some(KvOverride {
-        key: key.to_string(),
-        value,
-    })
+    KvOverride::parse(item).ok()
 }
 
 const SPEC_TYPES: [&str; 11] = [
@@ -2039,17 +2016,18 @@ mod tests {
 
     #[test]
     fn kv_override_grammar() {
+        use crate::model::OverrideValue;
         assert_eq!(
             kv_override("a.b=bool:false").map(|k| k.value),
-            Some(KvValue::Bool(false))
+            Some(OverrideValue::Bool(false))
         );
         assert_eq!(
             kv_override("n=int:12").map(|k| k.value),
-            Some(KvValue::Int(12))
+            Some(OverrideValue::Int(12))
         );
         assert_eq!(
             kv_override("s=str:hi").map(|k| k.value),
-            Some(KvValue::Str("hi".into()))
+            Some(OverrideValue::Str("hi".into()))
         );
         assert!(kv_override("s=bool:maybe").is_none());
         assert!(kv_override("s=oops:1").is_none());

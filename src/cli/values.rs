@@ -153,18 +153,6 @@ pub fn strict_f64(s: &str) -> Result<f64, Refusal> {
     Ok(v)
 }
 
-/// `atol`: like `stoi` but 64-bit and 0 instead of a refusal.
-pub fn atol(s: &str) -> i64 {
-    integer_prefix(s)
-        .and_then(|(neg, d)| d.parse::<i64>().ok().map(|m| if neg { -m } else { m }))
-        .unwrap_or(0)
-}
-
-/// `atof`: like `stof` but 0 instead of a refusal.
-pub fn atof(s: &str) -> f64 {
-    c_float(s, "", false).map(|(v, _)| v).unwrap_or(0.0)
-}
-
 /// Splits on runs of `,` and `/` the way upstream splits `-ts` and `-fitt`: an empty leading field
 /// is kept, an empty trailing one is not.
 pub fn split_list(s: &str) -> Vec<&str> {

@@ -24,13 +24,14 @@ pub const SERVED_ARCHITECTURES: &[&str] = &[
 const MAX_LAYERS: u32 = 512;
 
 /// One `--override-kv KEY=TYPE:VALUE` item.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct KvOverride {
     pub key: String,
     pub value: OverrideValue,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OverrideValue {
     Int(i64),
     Float(f64),
