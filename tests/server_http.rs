@@ -5,9 +5,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloomery::engine::{Batch, Forward};
 use bloomery::sampling::SamplingParams;
-use bloomery::server::testing::{ByteCodec, MockEngine};
+use bloomery::server::testing::{mock_greedy, ByteCodec, MockEngine};
 use bloomery::server::{ModelInfo, PlainChat, Server, ServerParams, TaskParams, TextCodec};
 use serde_json::{json, Value};
 
@@ -140,36 +139,8 @@ fn serve(p: ServerParams, engine: MockEngine) -> (Server, SocketAddr) {
     (server, addr)
 }
 
-/// Greedy output of the mock for a token sequence.
-fn reference(tokens: &[u32], n: usize) -> String {
-    let mut engine = MockEngine::new(4096);
-    let mut tokens = tokens.to_vec();
-    let mut batch = Batch::default();
-    for (i, &t) in tokens.iter().enumerate() {
-        batch.push(t, i as u32, 0, i + 1 == tokens.len());
-    }
-    let mut logits = Vec::new();
-    engine.decode(&batch, &mut logits).expect("decode");
-    let mut out = String::new();
-    for _ in 0..n {
-        let best = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .expect("row");
-        out.push(best as u8 as char);
-        let mut b = Batch::default();
-        b.push(best, tokens.len() as u32, 0, true);
-        tokens.push(best);
-        logits.clear();
-        engine.decode(&b, &mut logits).expect("decode");
-    }
-    out
-}
-
 fn text_ref(prompt: &str, n: usize) -> String {
-    reference(&ByteCodec.tokenize(prompt, true, true), n)
+    mock_greedy(&ByteCodec.tokenize(prompt, true, true), n)
 }
 
 #[test]
@@ -242,14 +213,14 @@ fn completion_whole_and_streamed() {
         json!({"prompt": toks, "n_predict": 3, "temperature": 0, "return_tokens": true}),
     );
     let j = r.json();
-    assert_eq!(j["content"], json!(reference(&toks, 3)));
+    assert_eq!(j["content"], json!(mock_greedy(&toks, 3)));
     assert_eq!(j["tokens"].as_array().map(Vec::len), Some(3));
     let r = post(
         addr,
         "/completion",
         json!({"prompt": [256, "Hi"], "n_predict": 2, "temperature": 0}),
     );
-    assert_eq!(r.json()["content"], json!(reference(&[256, 72, 105], 2)));
+    assert_eq!(r.json()["content"], json!(mock_greedy(&[256, 72, 105], 2)));
     let r = post(
         addr,
         "/completion",

@@ -3,11 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloomery::engine::{Batch, Forward};
 use bloomery::sampling::SamplingParams;
 use bloomery::server::scheduler::{self, SlotAction, SlotActionResult};
 use bloomery::server::task::{ErrorKind, Event, FinalResult, StopType};
-use bloomery::server::testing::{ByteCodec, MockEngine};
+use bloomery::server::testing::{mock_greedy, ByteCodec, MockEngine};
 use bloomery::server::{SchedulerConfig, SchedulerHandle, TaskParams, TaskRequest, TextCodec};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -54,30 +53,7 @@ fn finish(mut rx: UnboundedReceiver<Event>) -> (Vec<String>, Result<FinalResult,
 
 /// What greedy decoding of the mock gives, computed straight on a fresh engine.
 fn reference(prompt: &str, n: usize) -> String {
-    let mut engine = MockEngine::new(4096);
-    let mut tokens = ByteCodec.tokenize(prompt, true, false);
-    let mut batch = Batch::default();
-    for (i, &t) in tokens.iter().enumerate() {
-        batch.push(t, i as u32, 0, i + 1 == tokens.len());
-    }
-    let mut out = String::new();
-    let mut logits = Vec::new();
-    engine.decode(&batch, &mut logits).expect("decode");
-    for _ in 0..n {
-        let best = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .expect("logits");
-        out.push(best as u8 as char);
-        let mut b = Batch::default();
-        b.push(best, tokens.len() as u32, 0, true);
-        tokens.push(best);
-        logits.clear();
-        engine.decode(&b, &mut logits).expect("decode");
-    }
-    out
+    mock_greedy(&ByteCodec.tokenize(prompt, true, false), n)
 }
 
 #[test]
