@@ -260,13 +260,21 @@ fn chat_templates(cfg: &Config, gguf: &GgufFile, vocab: &Vocab) -> Result<Templa
         .map_err(|e| LaunchError::Chat(e.to_string()))
 }
 
-fn model_info(cfg: &Config, path: &Path, gguf: &GgufFile, vocab: &Vocab) -> ModelInfo {
+/// An integer hyper-parameter `{arch}.KEY` of the file.
+fn arch_int(gguf: &GgufFile, key: &str) -> Option<usize> {
     let arch = gguf.architecture().unwrap_or_default();
-    let hp = |key: &str| {
-        gguf.get(&format!("{arch}.{key}"))
-            .and_then(|v| v.as_i64())
-            .unwrap_or(0) as usize
-    };
+    gguf.get(&format!("{arch}.{key}"))
+        .and_then(|v| v.as_i64())
+        .and_then(|v| usize::try_from(v).ok())
+}
+
+fn model_info(
+    cfg: &Config,
+    path: &Path,
+    gguf: &GgufFile,
+    vocab: &Vocab,
+    n_ctx_train: usize,
+) -> ModelInfo {
     let display = path.display().to_string();
     let aliases: Vec<String> = cfg.model.aliases.iter().cloned().collect();
     ModelInfo {
@@ -276,8 +284,8 @@ fn model_info(cfg: &Config, path: &Path, gguf: &GgufFile, vocab: &Vocab) -> Mode
         ftype: crate::model::file_type_name(gguf),
         vocab_type: vocab_type_id(vocab.vocab_type()),
         n_vocab: vocab.n_tokens(),
-        n_ctx_train: hp("context_length"),
-        n_embd: hp("embedding_length"),
+        n_ctx_train,
+        n_embd: arch_int(gguf, "embedding_length").unwrap_or(0),
         n_params: gguf.tensors.iter().map(|t| t.n_elements()).sum(),
         size: gguf.tensors.iter().map(|t| t.size).sum(),
         bos_token: token_text(vocab, vocab.bos()),
@@ -318,11 +326,7 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let path = resolve_model(&cfg)?;
     // Refuse a bad file by name before binding the port.
     let gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
-    let arch = gguf.architecture().unwrap_or_default().to_string();
-    let n_ctx_train = gguf
-        .get(&format!("{arch}.context_length"))
-        .and_then(|v| v.as_i64())
-        .unwrap_or(4096) as usize;
+    let n_ctx_train = arch_int(&gguf, "context_length").unwrap_or(4096);
     let shape = slot_shape(&cfg, n_ctx_train);
     let params = server_params(&cfg, shape);
     let address = format!("http://{}:{}", params.host, params.port);
@@ -334,7 +338,7 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let chat = chat_templates(&cfg, &gguf, &vocab)?;
     let engine = engine::load(&gguf, &engine_params(&cfg, &intent, shape))
         .map_err(|e| LaunchError::Engine(e.to_string()))?;
-    let info = model_info(&cfg, &path, &gguf, &vocab);
+    let info = model_info(&cfg, &path, &gguf, &vocab, n_ctx_train);
     let screen = service::StartInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         model: path
