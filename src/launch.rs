@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::chat::{ChatTemplates, RenderInputs, SpecialTokens};
+use crate::cli::config::{DeviceChoice, GpuLayers};
 use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, EngineParams};
 use crate::hub;
@@ -115,6 +116,42 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
         n_ubatch: cfg.context.ubatch.max(1) as usize,
         type_k: kv_type(&intent.cache_type_k.value),
         type_v: kv_type(&intent.cache_type_v.value),
+        gpu: None,
+    }
+}
+
+/// The card that holds the whole model, from `-dev`, `-mg` and `-ngl` and the cards present:
+/// `None` serves on the CPU. Splitting layers between card and host is the planner's work and
+/// not built yet, so a partial `-ngl` serves on the CPU with a warning.
+pub fn whole_model_card(
+    intent: &PlacementIntent,
+    cards: &[crate::backend::cuda::DeviceInfo],
+    n_layer: usize,
+) -> Option<usize> {
+    let ordinal = match &intent.devices.value {
+        DeviceChoice::NoOffload => return None,
+        DeviceChoice::Named(names) => {
+            names
+                .iter()
+                .find_map(|n| cards.iter().find(|c| &c.name == n))?
+                .ordinal
+        }
+        DeviceChoice::All => {
+            let mg = intent.main_gpu.value.max(0) as usize;
+            cards.get(mg).or(cards.first())?.ordinal
+        }
+    };
+    match intent.n_gpu_layers.value {
+        GpuLayers::Auto | GpuLayers::All => Some(ordinal),
+        GpuLayers::Count(n) if n as usize > n_layer => Some(ordinal),
+        GpuLayers::Count(0) => None,
+        GpuLayers::Count(n) => {
+            log::warn!(
+                "-ngl {n} of {} layers: splitting layers between card and host is not built yet; serving on the CPU",
+                n_layer + 1
+            );
+            None
+        }
     }
 }
 
@@ -336,8 +373,13 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
 
     let vocab = Vocab::from_gguf(&gguf).map_err(|e| LaunchError::Model(e.to_string()))?;
     let chat = chat_templates(&cfg, &gguf, &vocab)?;
-    let engine = engine::load(&gguf, &engine_params(&cfg, &intent, shape))
-        .map_err(|e| LaunchError::Engine(e.to_string()))?;
+    let cards = crate::backend::cuda::device::list().unwrap_or_else(|e| {
+        log::warn!("no CUDA card can be used ({e}); serving on the CPU");
+        Vec::new()
+    });
+    let mut params = engine_params(&cfg, &intent, shape);
+    params.gpu = whole_model_card(&intent, &cards, arch_int(&gguf, "block_count").unwrap_or(0));
+    let engine = engine::load(&gguf, &params).map_err(|e| LaunchError::Engine(e.to_string()))?;
     let info = model_info(&cfg, &path, &gguf, &vocab, n_ctx_train);
     let screen = service::StartInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -372,6 +414,42 @@ mod tests {
         let mut argv = vec!["bloomery-serve".to_string()];
         argv.extend(args.iter().map(|s| s.to_string()));
         crate::cli::parse(&argv, &|_: &str| None).unwrap().config
+    }
+
+    fn intent(args: &[&str]) -> PlacementIntent {
+        let mut argv = vec!["bloomery-serve".to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        crate::cli::parse(&argv, &|_: &str| None).unwrap().placement
+    }
+
+    #[test]
+    fn whole_model_goes_to_the_card_the_flags_name() {
+        let card = |i: usize| crate::backend::cuda::DeviceInfo {
+            ordinal: i,
+            name: format!("CUDA{i}"),
+            description: "test card".into(),
+            free_bytes: 1 << 34,
+            total_bytes: 1 << 34,
+            compute_capability: (9, 0),
+        };
+        let two = [card(0), card(1)];
+        let pick = |args: &[&str], cards: &[crate::backend::cuda::DeviceInfo]| {
+            whole_model_card(&intent(args), cards, 24)
+        };
+        assert_eq!(pick(&[], &two), Some(0));
+        assert_eq!(pick(&[], &[]), None, "no card: the CPU serves");
+        assert_eq!(pick(&["-mg", "1"], &two), Some(1));
+        assert_eq!(pick(&["-dev", "CUDA1"], &two), Some(1));
+        assert_eq!(pick(&["-dev", "none"], &two), None);
+        assert_eq!(pick(&["-ngl", "0"], &two), None);
+        assert_eq!(pick(&["-ngl", "all"], &two), Some(0));
+        assert_eq!(pick(&["-ngl", "99"], &two), Some(0));
+        assert_eq!(pick(&["-ngl", "25"], &two), Some(0), "24 layers + output");
+        assert_eq!(
+            pick(&["-ngl", "10"], &two),
+            None,
+            "partial offload is not built"
+        );
     }
 
     #[test]

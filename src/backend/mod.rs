@@ -1,4 +1,5 @@
-//! Compute backends. `cpu` holds the threaded kernels that run everything on the host; the CUDA
-//! backend joins here once the CPU engine serves a real model.
+//! Compute backends. `cpu` holds the threaded kernels that run everything on the host; `cuda`
+//! runs the whole model on a card through the driver loaded at run time.
 
 pub mod cpu;
+pub mod cuda;

@@ -11,6 +11,7 @@ use crate::model::{GgmlType, GgufFile};
 
 mod arch;
 mod attention;
+mod gpu;
 mod kv;
 mod model;
 mod moe;
@@ -111,6 +112,8 @@ pub struct EngineParams {
     /// KV cache types (`-ctk`, `-ctv`).
     pub type_k: GgmlType,
     pub type_v: GgmlType,
+    /// The CUDA card that holds the whole model, or `None` to serve on the CPU.
+    pub gpu: Option<usize>,
 }
 
 impl Default for EngineParams {
@@ -123,11 +126,14 @@ impl Default for EngineParams {
             n_ubatch: 512,
             type_k: GgmlType::F16,
             type_v: GgmlType::F16,
+            gpu: None,
         }
     }
 }
 
-/// Loads the model in `gguf` for the CPU; an architecture we do not serve is refused by name.
+/// Loads the model in `gguf` on the card `params.gpu` names, or on the CPU; an architecture we
+/// do not serve is refused by name. Weights the card's kernels cannot read yet are served on the
+/// CPU, with a warning that names them.
 pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, EngineError> {
     let arch_name = gguf
         .architecture()
@@ -139,5 +145,19 @@ pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, 
     };
     let hp = arch::Hparams::read(spec, &keys)?;
     let loader = weights::Loader::new(gguf)?;
+    if let Some(ordinal) = params.gpu {
+        let w = model::Weights::load(spec, &hp, &loader)?;
+        match gpu::unsupported(&w, &hp) {
+            Some(why) => log::warn!("serving on the CPU: {why}"),
+            None => {
+                let cuda = crate::backend::cuda::Cuda::open(ordinal)?;
+                log::info!(
+                    "loading the whole model onto CUDA{ordinal} ({})",
+                    cuda.gpu.info.description
+                );
+                return Ok(Box::new(gpu::GpuModel::load(spec, hp, &w, params, cuda)?));
+            }
+        }
+    }
     Ok(Box::new(model::Model::load(spec, hp, &loader, params)?))
 }

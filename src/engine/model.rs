@@ -17,7 +17,7 @@ use crate::backend::cpu::ThreadPool;
 use crate::model::quants::{f16_to_f32, f32_to_f16};
 use crate::model::GgmlType;
 
-enum Ffn {
+pub(super) enum Ffn {
     Dense {
         gate: Tensor,
         up: Tensor,
@@ -31,36 +31,41 @@ enum Ffn {
     },
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Tensor,
-    wk: Tensor,
-    wv: Tensor,
-    wo: Tensor,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    bo: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    post_attn_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    ffn: Ffn,
-    post_ffn_norm: Option<Vec<f32>>,
-    swa: bool,
-    rope_base: f32,
-    rope_scale: f32,
+pub(super) struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    pub wo: Tensor,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub bo: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+    pub post_ffn_norm: Option<Vec<f32>>,
+    pub swa: bool,
+    pub rope_base: f32,
+    pub rope_scale: f32,
+}
+
+/// A model's weights as views of its file, checked for shape; what every backend loads from.
+pub(super) struct Weights {
+    pub n_vocab: usize,
+    pub tok_embd: Tensor,
+    /// `None`: the output head is `tok_embd` (tied embeddings).
+    pub output: Option<Tensor>,
+    pub output_norm: Vec<f32>,
+    pub layers: Vec<Layer>,
 }
 
 pub struct Model {
     spec: &'static ArchSpec,
     hp: Hparams,
-    n_vocab: usize,
-    tok_embd: Tensor,
-    /// `None`: the output head is `tok_embd` (tied embeddings).
-    output: Option<Tensor>,
-    output_norm: Vec<f32>,
-    layers: Vec<Layer>,
+    w: Weights,
     kv: KvCache,
     n_ubatch: usize,
     pool: ThreadPool,
@@ -85,13 +90,8 @@ struct Buffers {
     logits: Vec<f32>,
 }
 
-impl Model {
-    pub fn load(
-        spec: &'static ArchSpec,
-        hp: Hparams,
-        ld: &Loader,
-        params: &EngineParams,
-    ) -> Result<Model, EngineError> {
+impl Weights {
+    pub fn load(spec: &ArchSpec, hp: &Hparams, ld: &Loader) -> Result<Weights, EngineError> {
         let n_embd = hp.n_embd;
         let info = ld
             .gguf
@@ -162,6 +162,26 @@ impl Model {
                 rope_scale: if swa { 1.0 } else { hp.rope_scale },
             });
         }
+        Ok(Weights {
+            n_vocab,
+            tok_embd,
+            output,
+            output_norm,
+            layers,
+        })
+    }
+}
+
+impl Model {
+    pub fn load(
+        spec: &'static ArchSpec,
+        hp: Hparams,
+        ld: &Loader,
+        params: &EngineParams,
+    ) -> Result<Model, EngineError> {
+        let w = Weights::load(spec, &hp, ld)?;
+        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+        let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
         let kv = KvCache::new(
             params.type_k,
             params.type_v,
@@ -183,11 +203,7 @@ impl Model {
         Ok(Model {
             spec,
             hp,
-            n_vocab,
-            tok_embd,
-            output,
-            output_norm,
-            layers,
+            w,
             kv,
             n_ubatch: params.n_ubatch.max(1),
             pool,
@@ -208,10 +224,10 @@ impl Model {
             )));
         }
         for i in 0..n {
-            if batch.tokens[i] as usize >= self.n_vocab {
+            if batch.tokens[i] as usize >= self.w.n_vocab {
                 return Err(EngineError::BadBatch(format!(
                     "token {} at entry {i} is outside the vocabulary of {}",
-                    batch.tokens[i], self.n_vocab
+                    batch.tokens[i], self.w.n_vocab
                 )));
             }
             if batch.seq[i] as usize >= self.kv.n_seq_max() {
@@ -276,7 +292,7 @@ impl Model {
         let embd_scale = (n_embd as f32).sqrt();
         for (i, &tok) in batch.tokens[r.clone()].iter().enumerate() {
             let row = &mut b.x[i * n_embd..(i + 1) * n_embd];
-            self.tok_embd.row_f32(tok as usize, row)?;
+            self.w.tok_embd.row_f32(tok as usize, row)?;
             if self.spec.embd_scale {
                 row.iter_mut().for_each(|v| *v *= embd_scale);
             }
@@ -290,7 +306,7 @@ impl Model {
             AttnMode::HalfAccum
         };
         let q_scale = 1.0 / (hk as f32).sqrt();
-        for (il, layer) in self.layers.iter().enumerate() {
+        for (il, layer) in self.w.layers.iter().enumerate() {
             rms_norm_rows(&b.x, &layer.attn_norm, hp.eps, n_embd, &mut b.cur);
             b.q.resize(n * nq, 0.0);
             b.k.resize(n * nkv, 0.0);
@@ -389,13 +405,13 @@ impl Model {
         for (j, &i) in wanted.iter().enumerate() {
             rms_norm(
                 &b.x[i * n_embd..(i + 1) * n_embd],
-                &self.output_norm,
+                &self.w.output_norm,
                 hp.eps,
                 &mut b.cur[j * n_embd..(j + 1) * n_embd],
             );
         }
-        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
-        b.logits.resize(wanted.len() * self.n_vocab, 0.0);
+        let head = self.w.output.as_ref().unwrap_or(&self.w.tok_embd);
+        b.logits.resize(wanted.len() * self.w.n_vocab, 0.0);
         matmul(
             pool,
             &head.mat(),
@@ -416,7 +432,7 @@ impl Model {
 
 impl Forward for Model {
     fn n_vocab(&self) -> usize {
-        self.n_vocab
+        self.w.n_vocab
     }
 
     fn n_ctx_seq(&self) -> usize {

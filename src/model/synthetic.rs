@@ -299,20 +299,34 @@ fn encode_floats(t: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
 /// Random data for tensor `t`: normal values of standard deviation `std` for float types and
 /// Q8_0, otherwise random blocks scaled to that root-mean-square.
 fn random_tensor(rng: &mut Rng, t: &PlannedTensor, std: f32) -> Result<Vec<u8>, ModelError> {
-    let n = t.n_elements() as usize;
+    random_data(rng, t.ggml_type, t.n_elements() as usize, std)
+}
+
+fn random_data(rng: &mut Rng, ty: GgmlType, n: usize, std: f32) -> Result<Vec<u8>, ModelError> {
     if matches!(
-        t.ggml_type,
+        ty,
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Q8_0
     ) {
         let values: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
-        return Ok(encode_floats(t.ggml_type, &values).unwrap_or_default());
+        return Ok(encode_floats(ty, &values).unwrap_or_default());
     }
-    let ty = t.ggml_type;
-    let mut out: Vec<u8> = (0..t.size()).map(|_| rng.next() as u8).collect();
+    let bytes = ty
+        .bytes_for(n as u64)
+        .ok_or_else(|| ModelError::BadTensor {
+            path: Default::default(),
+            tensor: format!("{n} random {} values", ty.name()),
+            reason: "not a whole number of blocks".into(),
+        })?;
+    let mut out: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
     for block in out.chunks_exact_mut(ty.type_size()) {
         scale_block(ty, block, std)?;
     }
     Ok(out)
+}
+
+/// `n` random values in `ty`'s blocks with root-mean-square near `std` (kernel tests).
+pub fn random_blocks(ty: GgmlType, n: usize, seed: u64, std: f32) -> Result<Vec<u8>, ModelError> {
+    random_data(&mut Rng(seed), ty, n, std)
 }
 
 struct Layout {
@@ -573,10 +587,9 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
             return Ok(vec![0u8; t.size() as usize]);
         }
         if name.ends_with("_norm.weight") {
-            // Gemma norms multiply by (1 + w); the others by w.
-            let one = if p.arch == "gemma3" { 0.0 } else { 1.0 };
+            // every family multiplies by the stored weight (Gemma's converter stores 1 + w)
             return Ok(
-                encode_floats(GgmlType::F32, &vec![one; t.n_elements() as usize])
+                encode_floats(GgmlType::F32, &vec![1.0; t.n_elements() as usize])
                     .unwrap_or_default(),
             );
         }

@@ -1,0 +1,172 @@
+// Element-wise and row-wise operations of the forward pass, all on f32 activations.
+
+// One block per row: out = x * rsqrt(mean(x^2) + eps) * w (in place when out == x).
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int width,
+                                    float eps) {
+    const float* xr = x + (i64)blockIdx.x * width;
+    float* orow = out + (i64)blockIdx.x * width;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) s += xr[i] * xr[i];
+    __shared__ float part[32];
+    s = warp_sum(s);
+    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        float t = threadIdx.x < blockDim.x / WARP ? part[threadIdx.x] : 0.0f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    const float scale = rsqrtf(part[0] / width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+}
+
+// RoPE on `heads` heads of width hd per token, the first n_rot dims of each: adjacent pairs
+// (neox = 0) or i with i + n_rot/2 (neox = 1). Block per (head, token), thread per pair.
+extern "C" __global__ void rope(float* x, const int* pos, int heads, int hd, int n_rot,
+                                float base, float freq_scale, int neox) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    float* v = x + ((i64)t * heads + h) * hd;
+    const float theta_scale = powf(base, -2.0f / n_rot);
+    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
+        const float theta = freq_scale * (float)pos[t] * powf(theta_scale, (float)i);
+        float s, c;
+        sincosf(theta, &s, &c);
+        const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+    }
+}
+
+extern "C" __global__ void add(float* x, const float* y, i64 n) {
+    i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+extern "C" __global__ void add_bias(float* x, const float* b, int width, i64 n) {
+    i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % width];
+}
+
+extern "C" __global__ void scale(float* x, float s, i64 n) {
+    i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+extern "C" __global__ void softcap(float* x, float cap, i64 n) {
+    i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+// g = act(g) * u: SiLU (gelu = 0) or GELU's tanh form (gelu = 1).
+extern "C" __global__ void glu(float* g, const float* u, i64 n, int gelu) {
+    i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    float a;
+    if (gelu) {
+        a = 0.5f * x * (1.0f + tanhf(0.7978845608f * x * (1.0f + 0.044715f * x * x)));
+    } else {
+        a = x / (1.0f + expf(-x));
+    }
+    g[i] = a * u[i];
+}
+
+extern "C" __global__ void to_f16(const float* x, u16* out, i64 n) {
+    i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(x[i]);
+}
+
+// Writes token t's row into cache cell cells[t] as f16.
+extern "C" __global__ void kv_store(const float* src, u16* cache, const int* cells, int width) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < width) cache[(i64)cells[t] * width + i] = f2h(src[(i64)t * width + i]);
+}
+
+// out[j] = x[idx[j]] (rows of `width`).
+extern "C" __global__ void gather_rows(const float* x, const int* idx, float* out, int width) {
+    const int j = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < width) out[(i64)j * width + i] = x[(i64)idx[j] * width + i];
+}
+
+// out[idx[j]] = x[j].
+extern "C" __global__ void scatter_rows(const float* x, const int* idx, float* out, int width) {
+    const int j = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < width) out[(i64)idx[j] * width + i] = x[(i64)j * width + i];
+}
+
+#define MAX_EXPERTS 512
+
+// Expert routing, one warp per token: softmax over the router logits, the k best (ties to the
+// lower index), optionally renormalized (the sum clamped as ggml does) and scaled.
+extern "C" __global__ void route(const float* logits, int ne, int k, int norm, float wscale,
+                                 int* ids, float* w) {
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float* l = logits + (i64)t * ne;
+    float p[MAX_EXPERTS / WARP];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < MAX_EXPERTS / WARP; i++) {
+        const int e = lane + WARP * i;
+        p[i] = e < ne ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAX_EXPERTS / WARP; i++) {
+        const int e = lane + WARP * i;
+        p[i] = e < ne ? expf(p[i] - mx) : 0.0f;
+        sum += p[i];
+    }
+    sum = warp_sum(sum);
+    float chosen_sum = 0.0f;
+    for (int s = 0; s < k; s++) {
+        float best = -1.0f;
+        int best_e = MAX_EXPERTS;
+#pragma unroll
+        for (int i = 0; i < MAX_EXPERTS / WARP; i++) {
+            const int e = lane + WARP * i;
+            if (e < ne && (p[i] > best || (p[i] == best && e < best_e))) {
+                best = p[i];
+                best_e = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffff, best, o);
+            const int oe = __shfl_xor_sync(0xffffffff, best_e, o);
+            if (ob > best || (ob == best && oe < best_e)) {
+                best = ob;
+                best_e = oe;
+            }
+        }
+        if (best_e % WARP == lane) p[best_e / WARP] = -1.0f;
+        const float prob = best / sum;
+        chosen_sum += prob;
+        if (lane == 0) {
+            ids[t * k + s] = best_e;
+            w[t * k + s] = prob;
+        }
+    }
+    if (lane == 0) {
+        const float div = norm ? fmaxf(chosen_sum, 6.103515625e-5f) : 1.0f;
+        for (int s = 0; s < k; s++) w[t * k + s] = w[t * k + s] / div * wscale;
+    }
+}
+
+// out[t] = sum over slots s of w[t k + s] * y[t k + s] (rows of `width`).
+extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, int k,
+                                       int width) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s += w[t * k + j] * y[((i64)t * k + j) * width + i];
+    out[(i64)t * width + i] = s;
+}

@@ -1,0 +1,444 @@
+//! Every kernel against a CPU reference on fresh random data: dequantization and products for
+//! each weight type (references from `model::quants`, computed in f64), norms, RoPE, GLU,
+//! routing and attention. `bloomery-gpu-check` runs these on the card; the error measure and the
+//! reference functions are tested here on the CPU.
+
+use super::device::CudaError;
+use super::ops::{Cuda, TYPES};
+use crate::model::quants::{dequantize, f16_to_f32, f32_to_f16};
+use crate::model::synthetic::random_blocks;
+
+/// One check's outcome.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub name: String,
+    pub rel_err: f64,
+    pub limit: f64,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.rel_err <= self.limit
+    }
+}
+
+/// `|out - ref| / |ref|` over the whole vectors; any non-finite output is an infinite error.
+pub fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
+    if out.len() != reference.len() || out.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(&o, &r)| (o as f64 - r).powi(2))
+        .sum();
+    let den: f64 = reference.iter().map(|r| r * r).sum();
+    if den == 0.0 {
+        return if num == 0.0 { 0.0 } else { f64::INFINITY };
+    }
+    (num / den).sqrt()
+}
+
+/// A small deterministic generator for test inputs (normal-ish values from 4 uniforms).
+pub struct Rand(u64);
+
+impl Rand {
+    pub fn new(seed: u64) -> Rand {
+        Rand(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn normal(&mut self) -> f32 {
+        let s: f64 = (0..4)
+            .map(|_| (self.next() >> 11) as f64 / (1u64 << 53) as f64)
+            .sum();
+        ((s - 2.0) * 3f64.sqrt()) as f32
+    }
+
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.normal()).collect()
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Reference RMS norm in f64.
+pub fn ref_rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
+    let width = w.len();
+    x.chunks_exact(width)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / width as f64;
+            let s = 1.0 / (ms + eps as f64).sqrt();
+            row.iter()
+                .zip(w)
+                .map(move |(&v, &g)| v as f64 * s * g as f64)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Reference RoPE in f64 on rows of `hd` (heads of all tokens; `pos` per row).
+pub fn ref_rope(
+    x: &[f32],
+    pos: &[i32],
+    hd: usize,
+    n_rot: usize,
+    base: f32,
+    neox: bool,
+) -> Vec<f64> {
+    let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for (row, &p) in out.chunks_exact_mut(hd).zip(pos) {
+        for i in 0..n_rot / 2 {
+            let theta = p as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            let (s, c) = theta.sin_cos();
+            let (a, b) = if neox {
+                (i, i + n_rot / 2)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (row[a], row[b]);
+            row[a] = x0 * c - x1 * s;
+            row[b] = x0 * s + x1 * c;
+        }
+    }
+    out
+}
+
+/// Reference attention of one query over keys/values (already rounded as the cache holds them).
+pub fn ref_attend(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32) -> Vec<f64> {
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|k| {
+            q.iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale as f64
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let total: f64 = e.iter().sum();
+    let mut out = vec![0.0; values[0].len()];
+    for (v, w) in values.iter().zip(&e) {
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += w / total * x as f64;
+        }
+    }
+    out
+}
+
+fn up(c: &Cuda, v: &[f32]) -> Result<super::DevBuf, CudaError> {
+    c.upload_f32(v)
+}
+
+fn down(c: &Cuda, ptr: u64, n: usize) -> Result<Vec<f32>, CudaError> {
+    let mut v = vec![f32::NAN; n];
+    c.gpu.download(&mut v, ptr)?;
+    Ok(v)
+}
+
+/// An output buffer poisoned with NaN, so an element no kernel wrote fails the check.
+fn poisoned(c: &Cuda, n: usize) -> Result<super::DevBuf, CudaError> {
+    up(c, &vec![f32::NAN; n])
+}
+
+fn matvec_ref(w: &[f32], k: usize, x: &[f32]) -> Vec<f64> {
+    let rows = w.len() / k;
+    x.chunks_exact(k)
+        .flat_map(|xc| {
+            (0..rows).map(move |r| {
+                w[r * k..(r + 1) * k]
+                    .iter()
+                    .zip(xc)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+            })
+        })
+        .collect()
+}
+
+/// Runs every check once with inputs drawn from `seed`.
+pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
+    let mut out = Vec::new();
+    let mut rng = Rand::new(seed | 1);
+    let (k, rows, ne) = (512usize, 67usize, 3usize);
+    for &ty in TYPES {
+        let n_all = rows * k * ne;
+        let data = random_blocks(ty, n_all, seed ^ ty.id() as u64, 0.05)
+            .map_err(|e| CudaError(format!("random {} blocks: {e}", ty.name())))?;
+        let mut w = vec![0f32; n_all];
+        dequantize(ty, &data, &mut w).map_err(|e| CudaError(e.to_string()))?;
+        let m = c.upload_matrix(&data, ty, k, rows, ne)?;
+        let name = ty.name();
+        // embedding rows
+        let ids = [2i32, 0, (rows * ne - 1) as i32];
+        let ids_d = c.gpu.alloc(12)?;
+        c.gpu.upload(ids_d.ptr(), &ids)?;
+        let o = poisoned(c, 3 * k)?;
+        c.get_rows(&m, ids_d.ptr(), 3, o.ptr())?;
+        let reference: Vec<f64> = ids
+            .iter()
+            .flat_map(|&r| {
+                w[r as usize * k..(r as usize + 1) * k]
+                    .iter()
+                    .map(|&v| v as f64)
+            })
+            .collect();
+        out.push(Outcome {
+            name: format!("get_rows {name}"),
+            rel_err: rel_err(&down(c, o.ptr(), 3 * k)?, &reference),
+            limit: 1e-6,
+        });
+        // products with expert 1, through both paths
+        let we = &w[rows * k..2 * rows * k];
+        for n in [1usize, 3, 8, 37] {
+            let x = rng.vec(n * k);
+            let xd = up(c, &x)?;
+            let y = poisoned(c, n * rows)?;
+            c.matmul(&m, 1, xd.ptr(), n, y.ptr())?;
+            out.push(Outcome {
+                name: format!("matmul {name} n={n}"),
+                rel_err: rel_err(&down(c, y.ptr(), n * rows)?, &matvec_ref(we, k, &x)),
+                // f16 operands on the tensor-core path
+                limit: if n > super::ops::MMV_MAX { 3e-3 } else { 1e-5 },
+            });
+        }
+        // expert rows by id: 5 pairs, each its own input row
+        let pairs = 5;
+        let eids: Vec<i32> = (0..pairs).map(|_| rng.below(ne) as i32).collect();
+        let x = rng.vec(pairs * k);
+        let (xd, idd, y) = (
+            up(c, &x)?,
+            c.gpu.alloc(4 * pairs)?,
+            poisoned(c, pairs * rows)?,
+        );
+        c.gpu.upload(idd.ptr(), &eids)?;
+        c.matmul_id(&m, idd.ptr(), xd.ptr(), 1, pairs, y.ptr())?;
+        let reference: Vec<f64> = eids
+            .iter()
+            .enumerate()
+            .flat_map(|(p, &e)| {
+                let we = &w[e as usize * rows * k..(e as usize + 1) * rows * k];
+                matvec_ref(we, k, &x[p * k..(p + 1) * k])
+            })
+            .collect();
+        out.push(Outcome {
+            name: format!("matmul_id {name}"),
+            rel_err: rel_err(&down(c, y.ptr(), pairs * rows)?, &reference),
+            limit: 1e-5,
+        });
+    }
+    out.extend(ops(c, &mut rng)?);
+    Ok(out)
+}
+
+fn ops(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
+    let mut out = Vec::new();
+    // RMS norm, out of place and in place
+    let (rows, width) = (5, 640);
+    let (x, w) = (rng.vec(rows * width), rng.vec(width));
+    let (xd, wd, o) = (up(c, &x)?, up(c, &w)?, poisoned(c, rows * width)?);
+    c.rms_norm(xd.ptr(), wd.ptr(), o.ptr(), rows, width, 1e-6)?;
+    let reference = ref_rms_norm(&x, &w, 1e-6);
+    out.push(Outcome {
+        name: "rms_norm".into(),
+        rel_err: rel_err(&down(c, o.ptr(), rows * width)?, &reference),
+        limit: 1e-6,
+    });
+    c.rms_norm(xd.ptr(), wd.ptr(), xd.ptr(), rows, width, 1e-6)?;
+    out.push(Outcome {
+        name: "rms_norm in place".into(),
+        rel_err: rel_err(&down(c, xd.ptr(), rows * width)?, &reference),
+        limit: 1e-6,
+    });
+    // RoPE, both layouts, partial rotation
+    let (n, heads, hd) = (3, 4, 128);
+    let pos = [0i32, 7, 1000];
+    let pd = c.gpu.alloc(12)?;
+    c.gpu.upload(pd.ptr(), &pos)?;
+    for (neox, n_rot) in [(true, 128), (false, 128), (true, 64)] {
+        let x = rng.vec(n * heads * hd);
+        let xd = up(c, &x)?;
+        c.rope(xd.ptr(), pd.ptr(), n, heads, hd, n_rot, 10000.0, 1.0, neox)?;
+        let row_pos: Vec<i32> = pos.iter().flat_map(|&p| [p; 4]).collect();
+        out.push(Outcome {
+            name: format!("rope neox={neox} n_rot={n_rot}"),
+            rel_err: rel_err(
+                &down(c, xd.ptr(), x.len())?,
+                &ref_rope(&x, &row_pos, hd, n_rot, 10000.0, neox),
+            ),
+            limit: 1e-4,
+        });
+    }
+    // GLU
+    for gelu in [false, true] {
+        let (g, u) = (rng.vec(1000), rng.vec(1000));
+        let (gd, ud) = (up(c, &g)?, up(c, &u)?);
+        c.glu(gd.ptr(), ud.ptr(), 1000, gelu)?;
+        let reference: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| {
+                let a = a as f64;
+                let act = if gelu {
+                    0.5 * a * (1.0 + (0.797_884_560_8 * a * (1.0 + 0.044715 * a * a)).tanh())
+                } else {
+                    a / (1.0 + (-a).exp())
+                };
+                act * b as f64
+            })
+            .collect();
+        out.push(Outcome {
+            name: format!("glu {}", if gelu { "gelu" } else { "silu" }),
+            rel_err: rel_err(&down(c, gd.ptr(), 1000)?, &reference),
+            limit: 1e-5,
+        });
+    }
+    out.push(route_check(c, rng)?);
+    out.extend(attention_checks(c, rng)?);
+    Ok(out)
+}
+
+fn route_check(c: &mut Cuda, rng: &mut Rand) -> Result<Outcome, CudaError> {
+    let (n, ne, k) = (5, 128, 8);
+    let logits = rng.vec(n * ne);
+    let ld = up(c, &logits)?;
+    let (ids, w) = (c.gpu.alloc(4 * n * k)?, poisoned(c, n * k)?);
+    c.route(ld.ptr(), n, ne, k, true, 1.0, ids.ptr(), w.ptr())?;
+    let mut got_ids = vec![0i32; n * k];
+    c.gpu.download(&mut got_ids, ids.ptr())?;
+    let got_w = down(c, w.ptr(), n * k)?;
+    let mut reference = Vec::new();
+    let mut ids_match = true;
+    for t in 0..n {
+        let l = &logits[t * ne..(t + 1) * ne];
+        let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let e: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
+        let mut order: Vec<usize> = (0..ne).collect();
+        order.sort_by(|&a, &b| e[b].total_cmp(&e[a]).then(a.cmp(&b)));
+        let sum: f64 = order[..k].iter().map(|&i| e[i]).sum();
+        for (s, &i) in order[..k].iter().enumerate() {
+            ids_match &= got_ids[t * k + s] == i as i32;
+            reference.push(e[i] / sum);
+        }
+    }
+    Ok(Outcome {
+        name: "route top-8 of 128".into(),
+        rel_err: if ids_match {
+            rel_err(&got_w, &reference)
+        } else {
+            f64::INFINITY
+        },
+        limit: 1e-5,
+    })
+}
+
+fn attention_checks(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
+    let mut out = Vec::new();
+    for (hd, n_swa) in [(128usize, 0u32), (256, 0), (64, 8)] {
+        let (n_head, n_head_kv, ctx) = (8usize, 2usize, 40usize);
+        let (kw, vw) = (n_head_kv * hd, n_head_kv * hd);
+        // one sequence (cells 0..ctx) written through kv_store as a prompt would
+        let (kf, vf) = (rng.vec(ctx * kw), rng.vec(ctx * vw));
+        let (kc, vc) = (c.gpu.alloc(ctx * kw * 2)?, c.gpu.alloc(ctx * vw * 2)?);
+        let cells: Vec<i32> = (0..ctx as i32).collect();
+        let cd = c.gpu.alloc(4 * ctx)?;
+        c.gpu.upload(cd.ptr(), &cells)?;
+        let (kd, vd) = (up(c, &kf)?, up(c, &vf)?);
+        c.kv_store(kd.ptr(), kc.ptr(), cd.ptr(), kw, ctx)?;
+        c.kv_store(vd.ptr(), vc.ptr(), cd.ptr(), vw, ctx)?;
+        let round =
+            |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| f16_to_f32(f32_to_f16(x))).collect() };
+        let (kr, vr) = (round(&kf), round(&vf));
+        // queries at the last position and at a few earlier ones (prompt rows)
+        let qpos = [ctx as i32 - 1, 0, 5, 17];
+        let nq = qpos.len();
+        let q = rng.vec(nq * n_head * hd);
+        let base = vec![0i32; nq];
+        let (qd, pd, bd) = (up(c, &q)?, c.gpu.alloc(4 * nq)?, c.gpu.alloc(4 * nq)?);
+        c.gpu.upload(pd.ptr(), &qpos)?;
+        c.gpu.upload(bd.ptr(), &base)?;
+        let o = poisoned(c, nq * n_head * hd)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        c.attention(
+            qd.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            bd.ptr(),
+            pd.ptr(),
+            o.ptr(),
+            nq,
+            (n_head, n_head_kv),
+            (hd, hd),
+            scale,
+            n_swa,
+        )?;
+        let mut reference = Vec::new();
+        for (t, &p) in qpos.iter().enumerate() {
+            for h in 0..n_head {
+                let g = h / (n_head / n_head_kv);
+                let lo = if n_swa > 0 {
+                    (p + 1 - n_swa as i32).max(0)
+                } else {
+                    0
+                };
+                let keys: Vec<Vec<f32>> = (lo..=p)
+                    .map(|j| kr[j as usize * kw + g * hd..j as usize * kw + (g + 1) * hd].to_vec())
+                    .collect();
+                let vals: Vec<Vec<f32>> = (lo..=p)
+                    .map(|j| vr[j as usize * vw + g * hd..j as usize * vw + (g + 1) * hd].to_vec())
+                    .collect();
+                let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
+                reference.extend(ref_attend(qh, &keys, &vals, scale));
+            }
+        }
+        out.push(Outcome {
+            name: format!("attention hd={hd} swa={n_swa}"),
+            rel_err: rel_err(&down(c, o.ptr(), nq * n_head * hd)?, &reference),
+            limit: 1e-5,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_measure_fails_nan_and_wrong_lengths() {
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(rel_err(&[1.0, f32::NAN], &[1.0, 2.0]).is_infinite());
+        assert!(rel_err(&[1.0], &[1.0, 2.0]).is_infinite());
+        assert!(rel_err(&[0.0, 1.0], &[0.0, 0.0]).is_infinite());
+        let e = rel_err(&[1.0, 2.001], &[1.0, 2.0]);
+        assert!(e > 4e-4 && e < 5e-4, "{e}");
+    }
+
+    #[test]
+    fn references_agree_with_the_cpu_engine_blocks() {
+        // RoPE by a quarter turn at position 1 with one pair: (1, 0) -> (cos 1, sin 1)
+        let r = ref_rope(&[1.0, 0.0], &[1], 2, 2, 10000.0, false);
+        assert!((r[0] - 1f64.cos()).abs() < 1e-12 && (r[1] - 1f64.sin()).abs() < 1e-12);
+        let n = ref_rms_norm(&[3.0, -4.0], &[1.0, 2.0], 0.0);
+        let s = 1.0 / 12.5f64.sqrt();
+        assert!((n[0] - 3.0 * s).abs() < 1e-12 && (n[1] + 8.0 * s).abs() < 1e-12);
+        // equal scores average the values
+        let a = ref_attend(
+            &[0.0],
+            &[vec![1.0], vec![2.0]],
+            &[vec![1.0], vec![3.0]],
+            1.0,
+        );
+        assert!((a[0] - 2.0).abs() < 1e-12);
+    }
+}

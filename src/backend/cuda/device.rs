@@ -1,0 +1,334 @@
+//! The card through the driver API loaded at run time: discovery, one context and stream per
+//! model, raw device buffers, kernel launches and cuBLAS products. With no driver library the
+//! functions here say so instead of failing, so the same binary serves on the CPU.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaError(pub String);
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+pub(crate) fn err(what: &str, e: impl fmt::Debug) -> CudaError {
+    CudaError(format!("{what}: {e:?}"))
+}
+
+/// One card as `--list-devices` and the planner see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    /// llama.cpp's device name: `CUDA0`, `CUDA1`, ...
+    pub name: String,
+    /// The card's own name (`NVIDIA H200`).
+    pub description: String,
+    pub free_bytes: usize,
+    pub total_bytes: usize,
+    pub compute_capability: (i32, i32),
+}
+
+/// Whether the driver library can be loaded at all (no card, no driver: false, never a panic).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// The cards the driver reports, with their free memory; empty when there is no driver.
+pub fn list() -> Result<Vec<DeviceInfo>, CudaError> {
+    if !driver_present() {
+        return Ok(Vec::new());
+    }
+    result::init().map_err(|e| err("initialising the CUDA driver", e))?;
+    let n = CudaContext::device_count().map_err(|e| err("counting CUDA devices", e))?;
+    let mut out = Vec::new();
+    for i in 0..n.max(0) as usize {
+        let ctx = CudaContext::new(i).map_err(|e| err(&format!("opening CUDA{i}"), e))?;
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| err(&format!("reading CUDA{i} memory"), e))?;
+        out.push(DeviceInfo {
+            ordinal: i,
+            name: format!("CUDA{i}"),
+            description: ctx.name().unwrap_or_else(|_| "unknown".into()),
+            free_bytes: free,
+            total_bytes: total,
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(|e| err(&format!("reading CUDA{i} compute capability"), e))?,
+        });
+    }
+    Ok(out)
+}
+
+/// The driver's CUDA version as `major * 1000 + minor * 10` (13000 for 13.0).
+pub fn driver_version() -> Result<i32, CudaError> {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(|e| err("reading the driver version", e))?;
+    Ok(v)
+}
+
+/// A device allocation owned by Rust; freed on drop.
+pub struct DevBuf {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DevBuf {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The address `offset` bytes in.
+    pub fn at(&self, offset: usize) -> u64 {
+        debug_assert!(offset <= self.bytes);
+        self.ptr + offset as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            // SAFETY: allocated by `Gpu::alloc` and freed once, here.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+// SAFETY: a device address; the context it belongs to is shared by every thread that uses it.
+unsafe impl Send for DevBuf {}
+
+/// One argument of a kernel launch: every kernel takes device addresses, ints and floats.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+/// A card with the context, stream, kernels and cuBLAS handle a model runs on.
+pub struct Gpu {
+    pub info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Option<Arc<CudaModule>>,
+    blas: blas_sys::cublasHandle_t,
+}
+
+// SAFETY: the handle and stream are used from one thread at a time (the engine is behind the
+// scheduler's single owner); cuBLAS handles may move between threads.
+unsafe impl Send for Gpu {}
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        let devices = list()?;
+        let info = devices
+            .get(ordinal)
+            .cloned()
+            .ok_or_else(|| CudaError(format!("no CUDA{ordinal}: {} cards", devices.len())))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| err("creating a context", e))?;
+        // SAFETY: one stream does all the work, so the safe layer's cross-stream events are
+        // not needed; raw launches below do not use them either.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| err("creating a stream", e))?;
+        let handle = blas::create_handle().map_err(|e| err("creating a cuBLAS handle", e))?;
+        // SAFETY: the handle was just created; the stream lives as long as `Gpu`.
+        unsafe { blas::set_stream(handle, stream.cu_stream() as _) }
+            .map_err(|e| err("binding cuBLAS to the stream", e))?;
+        Ok(Gpu {
+            info,
+            ctx,
+            stream,
+            module: None,
+            blas: handle,
+        })
+    }
+
+    /// Loads the compiled kernels (a CUBIN image).
+    pub fn load_kernels(&mut self, image: Vec<u8>) -> Result<(), CudaError> {
+        let m = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image))
+            .map_err(|e| err("loading the kernel image", e))?;
+        self.module = Some(m);
+        Ok(())
+    }
+
+    pub fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        self.module
+            .as_ref()
+            .ok_or_else(|| CudaError("kernels are not loaded".into()))?
+            .load_function(name)
+            .map_err(|e| err(&format!("finding kernel {name}"), e))
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        if bytes == 0 {
+            return Ok(DevBuf { ptr: 0, bytes: 0 });
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| err("binding the context", e))?;
+        // SAFETY: a plain allocation, freed by DevBuf's drop.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            err(
+                &format!("allocating {} MiB on {}", bytes >> 20, self.info.name),
+                e,
+            )
+        })?;
+        Ok(DevBuf { ptr, bytes })
+    }
+
+    /// Copies `src` to the device at `dst` (asynchronous on the stream; `src` must stay alive
+    /// until the next `sync`).
+    pub fn upload<T: Copy>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller sized `dst` for `src`.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| err("copying to the card", e))
+    }
+
+    /// Copies from the device into `dst` and waits for it.
+    pub fn download<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller sized `src` for `dst`; the sync below completes the copy before
+        // `dst` is read.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| err("copying from the card", e))?;
+        self.sync()
+    }
+
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges were sized by the caller.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| err("copying on the card", e))
+    }
+
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| err("waiting for the card", e))
+    }
+
+    pub fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        let mut vals: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) => p.to_ne_bytes(),
+                Arg::I64(v) => v.to_ne_bytes(),
+                Arg::I32(v) => {
+                    let mut b = [0; 8];
+                    b[..4].copy_from_slice(&v.to_ne_bytes());
+                    b
+                }
+                Arg::F32(v) => {
+                    let mut b = [0; 8];
+                    b[..4].copy_from_slice(&v.to_ne_bytes());
+                    b
+                }
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|v| v.as_mut_ptr() as *mut c_void)
+            .collect();
+        // SAFETY: `params` point at values laid out as the kernel's parameters (8-byte pointers
+        // and 64-bit ints, 4-byte ints and floats at the start of their slot).
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                grid,
+                (block, 1, 1),
+                shared,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| err("launching a kernel", e))
+    }
+
+    /// `C[m x n] = A^T B` in column-major terms: `a` is `k x m` (one row of the weight per
+    /// column), `b` is `k x n` (one token per column), `c` is `m x n` f32. `a`/`b` are f16 when
+    /// `half`, else f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        half: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<(), CudaError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let ty = if half {
+            blas_sys::cudaDataType::CUDA_R_16F
+        } else {
+            blas_sys::cudaDataType::CUDA_R_32F
+        };
+        // SAFETY: pointers were sized by the caller for the shapes given.
+        unsafe {
+            blas::gemm_ex(
+                self.blas,
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                ty,
+                k as i32,
+                b as *const c_void,
+                ty,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                m as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| err("cuBLAS GemmEx", e))
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: created in `open`, destroyed once.
+        let _ = unsafe { blas::destroy_handle(self.blas) };
+    }
+}

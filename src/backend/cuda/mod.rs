@@ -1,0 +1,11 @@
+//! The CUDA backend: the card through cudarc with dynamic loading (`device`), the kernels in
+//! `kernels/` compiled by NVRTC and cached (`compile`), and typed launches of each kernel
+//! (`ops`). Knows nothing about models or HTTP; with no driver every entry point says so.
+
+pub mod check;
+pub mod compile;
+pub mod device;
+pub mod ops;
+
+pub use device::{CudaError, DevBuf, DeviceInfo, Gpu};
+pub use ops::{Cuda, DevMatrix};

@@ -1,0 +1,593 @@
+//! Typed launches of the kernels in `kernels/`: one method per operation, taking device
+//! addresses and sizes. Matrix products pick the path by the number of columns: a few columns go
+//! through the dequantizing matrix-vector kernels, more are dequantized to f16 once and
+//! multiplied by cuBLAS on the tensor cores.
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaFunction;
+
+use super::compile;
+use super::device::{Arg, CudaError, DevBuf, Gpu};
+use crate::model::GgmlType;
+
+/// Columns up to which products run through the matrix-vector kernels (`MMV_MAX` in
+/// kernels/matvec.cu).
+pub const MMV_MAX: usize = 8;
+const MMV_WARPS: u32 = 4;
+/// Most experts a router may have (`MAX_EXPERTS` in kernels/ops.cu).
+pub const MAX_EXPERTS: usize = 512;
+/// Widest attention head (`ATT_MAXD` in kernels/attention.cu).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The weight types the kernels read (`FOR_EACH_TYPE` in kernels/quants.cuh).
+pub const TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Mxfp4,
+    GgmlType::Nvfp4,
+];
+
+pub fn supports(ty: GgmlType) -> bool {
+    TYPES.contains(&ty)
+}
+
+/// A weight matrix (or a stack of expert matrices) on the card in its file's block format.
+pub struct DevMatrix {
+    pub buf: DevBuf,
+    pub ty: GgmlType,
+    /// Row length (elements).
+    pub k: usize,
+    /// Rows per expert (all rows for a dense matrix).
+    pub rows: usize,
+    pub n_expert: usize,
+    pub row_bytes: usize,
+}
+
+impl DevMatrix {
+    pub fn expert_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+}
+
+struct PerType {
+    mmv: CudaFunction,
+    mmv_id: CudaFunction,
+    deq_f16: CudaFunction,
+    get_rows: CudaFunction,
+}
+
+struct Fns {
+    rms_norm: CudaFunction,
+    rope: CudaFunction,
+    add: CudaFunction,
+    add_bias: CudaFunction,
+    scale: CudaFunction,
+    softcap: CudaFunction,
+    glu: CudaFunction,
+    to_f16: CudaFunction,
+    kv_store: CudaFunction,
+    gather_rows: CudaFunction,
+    scatter_rows: CudaFunction,
+    route: CudaFunction,
+    moe_combine: CudaFunction,
+    attn: CudaFunction,
+}
+
+/// A card with its kernels loaded and the f16 scratch that cuBLAS products read.
+pub struct Cuda {
+    pub gpu: Gpu,
+    per_type: HashMap<GgmlType, PerType>,
+    f: Fns,
+    w16: DevBuf,
+    x16: DevBuf,
+}
+
+fn blocks(n: usize, per: u32) -> u32 {
+    n.div_ceil(per as usize) as u32
+}
+
+fn i32_of(v: usize) -> Arg {
+    Arg::I32(v as i32)
+}
+
+impl Cuda {
+    /// Opens card `ordinal` and loads the kernels (compiling them on a cache miss, and again if
+    /// the driver refuses a cached image).
+    pub fn open(ordinal: usize) -> Result<Cuda, CudaError> {
+        let mut gpu = Gpu::open(ordinal)?;
+        let arch = gpu.info.compute_capability;
+        let driver = super::device::driver_version()?;
+        let cached = compile::image(arch, driver, false)?;
+        if let Err(e) = gpu.load_kernels(cached) {
+            log::warn!("the cached kernel image was refused ({e}); compiling again");
+            gpu.load_kernels(compile::image(arch, driver, true)?)?;
+        }
+        let mut per_type = HashMap::new();
+        for &ty in TYPES {
+            let n = ty.name().to_lowercase();
+            per_type.insert(
+                ty,
+                PerType {
+                    mmv: gpu.function(&format!("mmv_{n}"))?,
+                    mmv_id: gpu.function(&format!("mmv_id_{n}"))?,
+                    deq_f16: gpu.function(&format!("deq_f16_{n}"))?,
+                    get_rows: gpu.function(&format!("get_rows_{n}"))?,
+                },
+            );
+        }
+        let f = Fns {
+            rms_norm: gpu.function("rms_norm")?,
+            rope: gpu.function("rope")?,
+            add: gpu.function("add")?,
+            add_bias: gpu.function("add_bias")?,
+            scale: gpu.function("scale")?,
+            softcap: gpu.function("softcap")?,
+            glu: gpu.function("glu")?,
+            to_f16: gpu.function("to_f16")?,
+            kv_store: gpu.function("kv_store")?,
+            gather_rows: gpu.function("gather_rows")?,
+            scatter_rows: gpu.function("scatter_rows")?,
+            route: gpu.function("route")?,
+            moe_combine: gpu.function("moe_combine")?,
+            attn: gpu.function("attn_f16")?,
+        };
+        let (w16, x16) = (gpu.alloc(0)?, gpu.alloc(0)?);
+        Ok(Cuda {
+            gpu,
+            per_type,
+            f,
+            w16,
+            x16,
+        })
+    }
+
+    fn kernels(&self, ty: GgmlType) -> Result<&PerType, CudaError> {
+        self.per_type
+            .get(&ty)
+            .ok_or_else(|| CudaError(format!("no CUDA kernels for {} weights", ty.name())))
+    }
+
+    pub fn upload_f32(&self, v: &[f32]) -> Result<DevBuf, CudaError> {
+        let b = self.gpu.alloc(v.len() * 4)?;
+        self.gpu.upload(b.ptr(), v)?;
+        Ok(b)
+    }
+
+    /// Uploads `data` (rows of `k` elements in `ty`'s blocks, `rows` per expert).
+    pub fn upload_matrix(
+        &self,
+        data: &[u8],
+        ty: GgmlType,
+        k: usize,
+        rows: usize,
+        n_expert: usize,
+    ) -> Result<DevMatrix, CudaError> {
+        self.kernels(ty)?;
+        let row_bytes = ty
+            .bytes_for(k as u64)
+            .ok_or_else(|| CudaError(format!("a row of {k} is not whole {} blocks", ty.name())))?
+            as usize;
+        if !k.is_multiple_of(32) || data.len() != row_bytes * rows * n_expert {
+            return Err(CudaError(format!(
+                "{} matrix of {n_expert} x {rows} x {k}: {} bytes given",
+                ty.name(),
+                data.len()
+            )));
+        }
+        let buf = self.gpu.alloc(data.len())?;
+        self.gpu.upload(buf.ptr(), data)?;
+        // the source is a memory map that must stay mapped until the copy is done
+        self.gpu.sync()?;
+        Ok(DevMatrix {
+            buf,
+            ty,
+            k,
+            rows,
+            n_expert,
+            row_bytes,
+        })
+    }
+
+    fn grow(&mut self, which: u8, bytes: usize) -> Result<u64, CudaError> {
+        let b = if which == 0 {
+            &mut self.w16
+        } else {
+            &mut self.x16
+        };
+        if b.bytes() < bytes {
+            *b = self.gpu.alloc(bytes.next_power_of_two())?;
+        }
+        Ok(b.ptr())
+    }
+
+    /// `y[n][rows] = W_e x[n][k]` for expert `e` of `w` (0 for a dense matrix).
+    pub fn matmul(
+        &mut self,
+        w: &DevMatrix,
+        expert: usize,
+        x: u64,
+        n: usize,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        let base = w.buf.at(expert * w.expert_bytes());
+        if n <= MMV_MAX {
+            let f = &self.kernels(w.ty)?.mmv;
+            return self.gpu.launch(
+                f,
+                (blocks(w.rows, MMV_WARPS), 1, 1),
+                32 * MMV_WARPS,
+                0,
+                &[
+                    Arg::Ptr(base),
+                    Arg::I64(w.row_bytes as i64),
+                    i32_of(w.k),
+                    i32_of(w.rows),
+                    Arg::Ptr(x),
+                    i32_of(n),
+                    Arg::Ptr(y),
+                ],
+            );
+        }
+        match w.ty {
+            GgmlType::F32 => self.gpu.gemm(false, w.rows, n, w.k, base, x, y),
+            ty => {
+                let a = if ty == GgmlType::F16 {
+                    base
+                } else {
+                    let a = self.grow(0, w.rows * w.k * 2)?;
+                    let f = &self.kernels(ty)?.deq_f16;
+                    let chunks = w.rows * w.k / 32;
+                    self.gpu.launch(
+                        f,
+                        (blocks(chunks, 128), 1, 1),
+                        128,
+                        0,
+                        &[
+                            Arg::Ptr(base),
+                            Arg::I64(w.row_bytes as i64),
+                            i32_of(w.k),
+                            i32_of(w.rows),
+                            Arg::Ptr(a),
+                        ],
+                    )?;
+                    a
+                };
+                let b = self.grow(1, n * w.k * 2)?;
+                self.to_f16(x, b, n * w.k)?;
+                self.gpu.gemm(true, w.rows, n, w.k, a, b, y)
+            }
+        }
+    }
+
+    /// For each pair `p < pairs`: `y[p] = W_{ids[p]} x[p / x_div]` (mixture-of-experts decode).
+    pub fn matmul_id(
+        &self,
+        w: &DevMatrix,
+        ids: u64,
+        x: u64,
+        x_div: usize,
+        pairs: usize,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        let f = &self.kernels(w.ty)?.mmv_id;
+        self.gpu.launch(
+            f,
+            (blocks(w.rows, MMV_WARPS), pairs as u32, 1),
+            32 * MMV_WARPS,
+            0,
+            &[
+                Arg::Ptr(w.buf.ptr()),
+                Arg::I64(w.row_bytes as i64),
+                Arg::I64(w.expert_bytes() as i64),
+                i32_of(w.k),
+                i32_of(w.rows),
+                Arg::Ptr(ids),
+                Arg::Ptr(x),
+                i32_of(x_div),
+                Arg::Ptr(y),
+            ],
+        )
+    }
+
+    /// `out[t] = W[ids[t]]` as f32 (embedding lookups).
+    pub fn get_rows(&self, w: &DevMatrix, ids: u64, n: usize, out: u64) -> Result<(), CudaError> {
+        let f = &self.kernels(w.ty)?.get_rows;
+        self.gpu.launch(
+            f,
+            (blocks(w.k / 32, 64), n as u32, 1),
+            64,
+            0,
+            &[
+                Arg::Ptr(w.buf.ptr()),
+                Arg::I64(w.row_bytes as i64),
+                i32_of(w.k),
+                Arg::Ptr(ids),
+                Arg::Ptr(out),
+            ],
+        )
+    }
+
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        w: u64,
+        out: u64,
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.rms_norm,
+            (rows as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::Ptr(out),
+                i32_of(width),
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        x: u64,
+        pos: u64,
+        n: usize,
+        heads: usize,
+        hd: usize,
+        n_rot: usize,
+        base: f32,
+        freq_scale: f32,
+        neox: bool,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.rope,
+            (heads as u32, n as u32, 1),
+            64,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(pos),
+                i32_of(heads),
+                i32_of(hd),
+                i32_of(n_rot),
+                Arg::F32(base),
+                Arg::F32(freq_scale),
+                Arg::I32(neox as i32),
+            ],
+        )
+    }
+
+    fn elementwise(&self, f: &CudaFunction, n: usize, args: &[Arg]) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.gpu.launch(f, (blocks(n, 256), 1, 1), 256, 0, args)
+    }
+
+    /// `x += y` over `n` floats.
+    pub fn add(&self, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
+        self.elementwise(
+            &self.f.add,
+            n,
+            &[Arg::Ptr(x), Arg::Ptr(y), Arg::I64(n as i64)],
+        )
+    }
+
+    pub fn add_bias(&self, x: u64, b: u64, width: usize, n: usize) -> Result<(), CudaError> {
+        self.elementwise(
+            &self.f.add_bias,
+            n,
+            &[Arg::Ptr(x), Arg::Ptr(b), i32_of(width), Arg::I64(n as i64)],
+        )
+    }
+
+    pub fn scale(&self, x: u64, s: f32, n: usize) -> Result<(), CudaError> {
+        self.elementwise(
+            &self.f.scale,
+            n,
+            &[Arg::Ptr(x), Arg::F32(s), Arg::I64(n as i64)],
+        )
+    }
+
+    pub fn softcap(&self, x: u64, cap: f32, n: usize) -> Result<(), CudaError> {
+        self.elementwise(
+            &self.f.softcap,
+            n,
+            &[Arg::Ptr(x), Arg::F32(cap), Arg::I64(n as i64)],
+        )
+    }
+
+    /// `g = act(g) * u`.
+    pub fn glu(&self, g: u64, u: u64, n: usize, gelu: bool) -> Result<(), CudaError> {
+        self.elementwise(
+            &self.f.glu,
+            n,
+            &[
+                Arg::Ptr(g),
+                Arg::Ptr(u),
+                Arg::I64(n as i64),
+                Arg::I32(gelu as i32),
+            ],
+        )
+    }
+
+    pub fn to_f16(&self, x: u64, out: u64, n: usize) -> Result<(), CudaError> {
+        self.elementwise(
+            &self.f.to_f16,
+            n,
+            &[Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n as i64)],
+        )
+    }
+
+    /// Row `t` of `src` into cache cell `cells[t]` as f16.
+    pub fn kv_store(
+        &self,
+        src: u64,
+        cache: u64,
+        cells: u64,
+        width: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.kv_store,
+            (blocks(width, 256), n as u32, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(src),
+                Arg::Ptr(cache),
+                Arg::Ptr(cells),
+                i32_of(width),
+            ],
+        )
+    }
+
+    /// `out[j] = x[idx[j]]` for `n` rows of `width`.
+    pub fn gather_rows(
+        &self,
+        x: u64,
+        idx: u64,
+        out: u64,
+        width: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.gather_rows,
+            (blocks(width, 256), n as u32, 1),
+            256,
+            0,
+            &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
+        )
+    }
+
+    /// `out[idx[j]] = x[j]` for `n` rows of `width`.
+    pub fn scatter_rows(
+        &self,
+        x: u64,
+        idx: u64,
+        out: u64,
+        width: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.scatter_rows,
+            (blocks(width, 256), n as u32, 1),
+            256,
+            0,
+            &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
+        )
+    }
+
+    /// Top-`k` experts of each of `n` tokens from router logits `[n][ne]`: ids and weights
+    /// `[n][k]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn route(
+        &self,
+        logits: u64,
+        n: usize,
+        ne: usize,
+        k: usize,
+        norm: bool,
+        scale: f32,
+        ids: u64,
+        w: u64,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.route,
+            (n as u32, 1, 1),
+            32,
+            0,
+            &[
+                Arg::Ptr(logits),
+                i32_of(ne),
+                i32_of(k),
+                Arg::I32(norm as i32),
+                Arg::F32(scale),
+                Arg::Ptr(ids),
+                Arg::Ptr(w),
+            ],
+        )
+    }
+
+    /// `out[t] = sum_s w[t k + s] y[t k + s]`.
+    pub fn moe_combine(
+        &self,
+        y: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        k: usize,
+        width: usize,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.moe_combine,
+            (blocks(width, 256), n as u32, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(y),
+                Arg::Ptr(w),
+                Arg::Ptr(out),
+                i32_of(k),
+                i32_of(width),
+            ],
+        )
+    }
+
+    /// Attention of `n` query tokens over one layer's f16 cache (see kernels/attention.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        base: u64,
+        pos: u64,
+        out: u64,
+        n: usize,
+        heads: (usize, usize),
+        dims: (usize, usize),
+        scale: f32,
+        n_swa: u32,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.attn,
+            (heads.0 as u32, n as u32, 1),
+            128,
+            0,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(kc),
+                Arg::Ptr(vc),
+                Arg::Ptr(base),
+                Arg::Ptr(pos),
+                Arg::Ptr(out),
+                i32_of(heads.0),
+                i32_of(heads.1),
+                i32_of(dims.0),
+                i32_of(dims.1),
+                Arg::F32(scale),
+                Arg::I32(n_swa as i32),
+            ],
+        )
+    }
+}

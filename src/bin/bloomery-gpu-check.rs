@@ -1,0 +1,230 @@
+//! Checks the CUDA backend on the card it runs on: every kernel against the CPU reference on
+//! random data, then each model given end to end against the CPU engine (logprobs on a prompt
+//! and on a greedy continuation fed to both). Exits non-zero on any failure. Run through
+//! scripts/gpu-check.sh.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use bloomery::backend::cuda::{check, device, Cuda};
+use bloomery::engine::{self, Batch, EngineParams};
+use bloomery::model::GgufFile;
+
+/// Largest difference of a log-probability in the CPU's top 5 allowed between the engines.
+const LOGPROB_TOL: f32 = 0.05;
+/// A CPU top-1 ahead of its runner-up by less than this is a near tie the card may break
+/// either way.
+const TIE_MARGIN: f32 = 0.05;
+
+fn log_softmax(l: &[f32]) -> Vec<f32> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = l.iter().map(|&v| ((v - m) as f64).exp()).sum();
+    let ls = s.ln() as f32;
+    l.iter().map(|&v| v - m - ls).collect()
+}
+
+fn top(l: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..l.len()).collect();
+    idx.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+#[derive(Default)]
+struct Compare {
+    rows: usize,
+    max_diff: f32,
+    argmax_miss: usize,
+    ties: usize,
+}
+
+impl Compare {
+    fn rows(&mut self, cpu: &[f32], gpu: &[f32], n_vocab: usize) {
+        for (c, g) in cpu.chunks_exact(n_vocab).zip(gpu.chunks_exact(n_vocab)) {
+            let (lc, lg) = (log_softmax(c), log_softmax(g));
+            let t = top(&lc, 5);
+            for &i in &t {
+                self.max_diff = self.max_diff.max((lc[i] - lg[i]).abs());
+            }
+            if lc[t[0]] - lc[t[1]] < TIE_MARGIN {
+                self.ties += 1;
+            } else if top(&lg, 1)[0] != t[0] {
+                self.argmax_miss += 1;
+            }
+            self.rows += 1;
+        }
+    }
+
+    fn ok(&self) -> bool {
+        self.max_diff.is_finite() && self.max_diff <= LOGPROB_TOL && self.argmax_miss == 0
+    }
+}
+
+fn model_check(path: &Path) -> Result<bool, String> {
+    let gguf = GgufFile::open(path).map_err(|e| e.to_string())?;
+    let (n_prompt, n_gen) = (48usize, 32usize);
+    let params = EngineParams {
+        n_ctx_seq: 256,
+        n_seq_max: 2,
+        n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
+        n_threads_batch: std::thread::available_parallelism().map_or(4, |n| n.get()),
+        ..EngineParams::default()
+    };
+    let mut cpu = engine::load(&gguf, &params).map_err(|e| e.to_string())?;
+    let mut gpu = engine::load(
+        &gguf,
+        &EngineParams {
+            gpu: Some(0),
+            ..params.clone()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let nv = cpu.n_vocab();
+    let prompt: Vec<u32> = (0..n_prompt)
+        .map(|i| ((i * 7919 + 13) % nv) as u32)
+        .collect();
+    let mut b = Batch::default();
+    for (i, &t) in prompt.iter().enumerate() {
+        b.push(t, i as u32, 0, true);
+    }
+    let mut cmp = Compare::default();
+    let (mut lc, mut lg) = (Vec::new(), Vec::new());
+    cpu.decode(&b, &mut lc).map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    gpu.decode(&b, &mut lg).map_err(|e| e.to_string())?;
+    let pp = t0.elapsed();
+    cmp.rows(&lc, &lg, nv);
+    // greedy continuation chosen by the CPU, fed to both
+    let mut next = top(&lc[(n_prompt - 1) * nv..], 1)[0] as u32;
+    let mut gpu_time = std::time::Duration::ZERO;
+    for step in 0..n_gen {
+        let mut b = Batch::default();
+        b.push(next, (n_prompt + step) as u32, 0, true);
+        let (mut c, mut g) = (Vec::new(), Vec::new());
+        cpu.decode(&b, &mut c).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        gpu.decode(&b, &mut g).map_err(|e| e.to_string())?;
+        gpu_time += t.elapsed();
+        cmp.rows(&c, &g, nv);
+        next = top(&c, 1)[0] as u32;
+    }
+    // the card's own greedy run on a second sequence, from a prompt copy
+    gpu.seq_cp(0, 1, n_prompt as u32);
+    let mut own = 0;
+    let mut cpu_tokens = Vec::new();
+    {
+        let mut n = top(&lc[(n_prompt - 1) * nv..], 1)[0] as u32;
+        cpu.seq_rm(0, n_prompt as u32, None);
+        for step in 0..n_gen {
+            cpu_tokens.push(n);
+            let mut b = Batch::default();
+            b.push(n, (n_prompt + step) as u32, 0, true);
+            let mut c = Vec::new();
+            cpu.decode(&b, &mut c).map_err(|e| e.to_string())?;
+            n = top(&c, 1)[0] as u32;
+        }
+        let mut n = top(&lg[(n_prompt - 1) * nv..], 1)[0] as u32;
+        for (step, &want) in cpu_tokens.iter().enumerate() {
+            if n != want {
+                break;
+            }
+            own += 1;
+            let mut b = Batch::default();
+            b.push(n, (n_prompt + step) as u32, 1, true);
+            let mut g = Vec::new();
+            gpu.decode(&b, &mut g).map_err(|e| e.to_string())?;
+            n = top(&g, 1)[0] as u32;
+        }
+    }
+    println!(
+        "model {}: {} rows, max |dlogprob| top-5 {:.4} (tol {LOGPROB_TOL}), argmax misses {} (near ties skipped {}), card's own greedy run equals the CPU's for {own}/{n_gen} tokens; card prompt {n_prompt} tok {:.1} ms, decode {:.2} ms/token -> {}",
+        path.display(),
+        cmp.rows,
+        cmp.max_diff,
+        cmp.argmax_miss,
+        cmp.ties,
+        pp.as_secs_f64() * 1e3,
+        gpu_time.as_secs_f64() * 1e3 / n_gen as f64,
+        if cmp.ok() { "ok" } else { "FAIL" }
+    );
+    Ok(cmp.ok())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cards = match device::list() {
+        Ok(c) if !c.is_empty() => c,
+        Ok(_) => {
+            eprintln!(
+                "bloomery-gpu-check: no CUDA card (driver present: {})",
+                device::driver_present()
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("bloomery-gpu-check: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for c in &cards {
+        println!(
+            "{}: {} sm_{}{}, {} MiB free of {} MiB",
+            c.name,
+            c.description,
+            c.compute_capability.0,
+            c.compute_capability.1,
+            c.free_bytes >> 20,
+            c.total_bytes >> 20
+        );
+    }
+    let mut ok = true;
+    let t = Instant::now();
+    let mut cuda = match Cuda::open(0) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("bloomery-gpu-check: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("kernels ready in {:.2} s", t.elapsed().as_secs_f64());
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    println!("kernel checks, seed {seed}:");
+    match check::run(&mut cuda, seed) {
+        Ok(outcomes) => {
+            for o in &outcomes {
+                println!(
+                    "  {:<32} rel err {:>10.3e}  limit {:.0e}  {}",
+                    o.name,
+                    o.rel_err,
+                    o.limit,
+                    if o.ok() { "ok" } else { "FAIL" }
+                );
+                ok &= o.ok();
+            }
+        }
+        Err(e) => {
+            println!("kernel checks stopped: {e}");
+            ok = false;
+        }
+    }
+    drop(cuda);
+    for a in &args {
+        match model_check(&PathBuf::from(a)) {
+            Ok(good) => ok &= good,
+            Err(e) => {
+                println!("model {a}: {e} -> FAIL");
+                ok = false;
+            }
+        }
+    }
+    println!("gpu-check: {}", if ok { "passed" } else { "FAILED" });
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,592 @@
+//! The forward pass with the whole model on one CUDA card: the same blocks as `model.rs` (it
+//! loads the same [`Weights`]), each one a kernel launch on the card's stream. The KV cache is
+//! f16 on the card, one row per (sequence, position); the host keeps only each sequence's
+//! length. Mixture-of-experts layers run the chosen experts' rows directly for decode and group
+//! tokens by expert for prompts.
+
+use super::arch::{Act, ArchSpec, Hparams, RopeKind};
+use super::model::{Ffn, Weights};
+use super::weights::Tensor;
+use super::{Batch, EngineError, EngineParams, Forward, SeqId};
+use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
+use crate::backend::cuda::{Cuda, CudaError, DevBuf, DevMatrix};
+use crate::model::GgmlType;
+
+impl From<CudaError> for EngineError {
+    fn from(e: CudaError) -> Self {
+        EngineError::Load(format!("CUDA: {e}"))
+    }
+}
+
+enum GpuFfn {
+    Dense {
+        gate: DevMatrix,
+        up: DevMatrix,
+        down: DevMatrix,
+    },
+    Moe {
+        router: DevMatrix,
+        gate: DevMatrix,
+        up: DevMatrix,
+        down: DevMatrix,
+    },
+}
+
+struct GpuLayer {
+    attn_norm: DevBuf,
+    wq: DevMatrix,
+    wk: DevMatrix,
+    wv: DevMatrix,
+    wo: DevMatrix,
+    bq: Option<DevBuf>,
+    bk: Option<DevBuf>,
+    bv: Option<DevBuf>,
+    bo: Option<DevBuf>,
+    q_norm: Option<DevBuf>,
+    k_norm: Option<DevBuf>,
+    post_attn_norm: Option<DevBuf>,
+    ffn_norm: DevBuf,
+    ffn: GpuFfn,
+    post_ffn_norm: Option<DevBuf>,
+    swa: bool,
+    rope_base: f32,
+    rope_scale: f32,
+    k_cache: DevBuf,
+    v_cache: DevBuf,
+}
+
+/// Activations and index buffers for one ubatch, sized once at load.
+struct Scratch {
+    x: DevBuf,
+    cur: DevBuf,
+    q: DevBuf,
+    k: DevBuf,
+    v: DevBuf,
+    attn: DevBuf,
+    o: DevBuf,
+    gate: DevBuf,
+    up: DevBuf,
+    ffn: DevBuf,
+    router: DevBuf,
+    moe_ids: DevBuf,
+    moe_w: DevBuf,
+    moe_x: DevBuf,
+    moe_y: DevBuf,
+    /// tokens, positions, sequence bases and cells of the ubatch, then per-expert index lists
+    ints: DevBuf,
+    logits: DevBuf,
+}
+
+/// Rows of logits computed per head product (bounds the logits scratch for large vocabularies).
+const LOGIT_ROWS: usize = 64;
+
+pub struct GpuModel {
+    spec: &'static ArchSpec,
+    hp: Hparams,
+    n_vocab: usize,
+    cuda: Cuda,
+    tok_embd: DevMatrix,
+    output: Option<DevMatrix>,
+    output_norm: DevBuf,
+    layers: Vec<GpuLayer>,
+    n_ctx_seq: usize,
+    seq_len: Vec<u32>,
+    n_ubatch: usize,
+    s: Scratch,
+    host_ints: Vec<i32>,
+}
+
+fn matrix(cuda: &Cuda, t: &Tensor, n_expert: usize) -> Result<DevMatrix, EngineError> {
+    let rows: usize = t.shape[1..].iter().product::<usize>() / n_expert;
+    cuda.upload_matrix(t.data(), t.ty, t.shape[0], rows, n_expert)
+        .map_err(|e| EngineError::Load(format!("{}: {e}", t.name)))
+}
+
+fn opt_f32(cuda: &Cuda, v: &Option<Vec<f32>>) -> Result<Option<DevBuf>, EngineError> {
+    Ok(match v {
+        Some(v) => Some(cuda.upload_f32(v)?),
+        None => None,
+    })
+}
+
+/// Why the card cannot serve these weights, if it cannot (checked before any upload).
+pub fn unsupported(w: &Weights, hp: &Hparams) -> Option<String> {
+    let mut types: Vec<(String, GgmlType)> = vec![("token_embd.weight".into(), w.tok_embd.ty)];
+    if let Some(o) = &w.output {
+        types.push((o.name.clone(), o.ty));
+    }
+    for l in &w.layers {
+        for t in [&l.wq, &l.wk, &l.wv, &l.wo] {
+            types.push((t.name.clone(), t.ty));
+        }
+        let ffn = match &l.ffn {
+            Ffn::Dense { gate, up, down } => [None, Some(gate), Some(up), Some(down)],
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+            } => [Some(router), Some(gate), Some(up), Some(down)],
+        };
+        types.extend(ffn.into_iter().flatten().map(|t| (t.name.clone(), t.ty)));
+    }
+    if let Some((name, ty)) = types.iter().find(|(_, ty)| !ops::supports(*ty)) {
+        return Some(format!(
+            "{name} is {}, which has no CUDA kernel yet",
+            ty.name()
+        ));
+    }
+    if hp.head_dim_k > MAX_HEAD_DIM || hp.head_dim_v > MAX_HEAD_DIM {
+        return Some(format!(
+            "head width {} is above the attention kernel's {MAX_HEAD_DIM}",
+            hp.head_dim_k.max(hp.head_dim_v)
+        ));
+    }
+    if hp.n_expert > MAX_EXPERTS {
+        return Some(format!(
+            "{} experts is above the router kernel's {MAX_EXPERTS}",
+            hp.n_expert
+        ));
+    }
+    None
+}
+
+impl GpuModel {
+    pub fn load(
+        spec: &'static ArchSpec,
+        hp: Hparams,
+        w: &Weights,
+        params: &EngineParams,
+        cuda: Cuda,
+    ) -> Result<GpuModel, EngineError> {
+        if params.type_k != GgmlType::F16 || params.type_v != GgmlType::F16 {
+            return Err(EngineError::Load(format!(
+                "the CUDA engine keeps its KV cache in f16; -ctk {} -ctv {} are not built for it yet",
+                params.type_k.name(),
+                params.type_v.name()
+            )));
+        }
+        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+        let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
+        let cells = params.n_ctx_seq * params.n_seq_max;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let ffn = match &l.ffn {
+                Ffn::Dense { gate, up, down } => GpuFfn::Dense {
+                    gate: matrix(&cuda, gate, 1)?,
+                    up: matrix(&cuda, up, 1)?,
+                    down: matrix(&cuda, down, 1)?,
+                },
+                Ffn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                } => GpuFfn::Moe {
+                    router: matrix(&cuda, router, 1)?,
+                    gate: matrix(&cuda, gate, hp.n_expert)?,
+                    up: matrix(&cuda, up, hp.n_expert)?,
+                    down: matrix(&cuda, down, hp.n_expert)?,
+                },
+            };
+            layers.push(GpuLayer {
+                attn_norm: cuda.upload_f32(&l.attn_norm)?,
+                wq: matrix(&cuda, &l.wq, 1)?,
+                wk: matrix(&cuda, &l.wk, 1)?,
+                wv: matrix(&cuda, &l.wv, 1)?,
+                wo: matrix(&cuda, &l.wo, 1)?,
+                bq: opt_f32(&cuda, &l.bq)?,
+                bk: opt_f32(&cuda, &l.bk)?,
+                bv: opt_f32(&cuda, &l.bv)?,
+                bo: opt_f32(&cuda, &l.bo)?,
+                q_norm: opt_f32(&cuda, &l.q_norm)?,
+                k_norm: opt_f32(&cuda, &l.k_norm)?,
+                post_attn_norm: opt_f32(&cuda, &l.post_attn_norm)?,
+                ffn_norm: cuda.upload_f32(&l.ffn_norm)?,
+                ffn,
+                post_ffn_norm: opt_f32(&cuda, &l.post_ffn_norm)?,
+                swa: l.swa,
+                rope_base: l.rope_base,
+                rope_scale: l.rope_scale,
+                k_cache: cuda.gpu.alloc(cells * nkv * 2)?,
+                v_cache: cuda.gpu.alloc(cells * nv * 2)?,
+            });
+        }
+        let nub = params.n_ubatch.max(1);
+        let e = hp.n_embd;
+        let (nq, na) = (hp.n_head * hk, hp.n_head * hv);
+        let k_used = hp.n_expert_used.max(1);
+        let ff = (nub * hp.n_ff)
+            .max(nub * hp.n_ff_exp)
+            .max(MMV_MAX * k_used * hp.n_ff_exp);
+        let f = |n: usize| cuda.gpu.alloc(n * 4);
+        let s = Scratch {
+            x: f(nub * e)?,
+            cur: f(nub * e)?,
+            q: f(nub * nq)?,
+            k: f(nub * nkv)?,
+            v: f(nub * nv)?,
+            attn: f(nub * na)?,
+            o: f(nub * e)?,
+            gate: f(ff)?,
+            up: f(ff)?,
+            ffn: f(nub * e)?,
+            router: f(nub * hp.n_expert)?,
+            moe_ids: f(nub * k_used)?,
+            moe_w: f(nub * k_used)?,
+            moe_x: f(nub * e)?,
+            moe_y: f(nub * k_used * e)?,
+            ints: f(5 * nub + 2 * nub * k_used)?,
+            logits: f(LOGIT_ROWS * w.n_vocab)?,
+        };
+        let model = GpuModel {
+            spec,
+            n_vocab: w.n_vocab,
+            tok_embd: matrix(&cuda, &w.tok_embd, 1)?,
+            output: match &w.output {
+                Some(t) => Some(matrix(&cuda, t, 1)?),
+                None => None,
+            },
+            output_norm: cuda.upload_f32(&w.output_norm)?,
+            layers,
+            n_ctx_seq: params.n_ctx_seq,
+            seq_len: vec![0; params.n_seq_max],
+            n_ubatch: nub,
+            s,
+            host_ints: Vec::new(),
+            hp,
+            cuda,
+        };
+        model.cuda.gpu.sync()?;
+        Ok(model)
+    }
+
+    /// Refuses a batch before anything runs: lengths, vocabulary, sequences, and positions that
+    /// must continue each sequence without a gap inside its context.
+    fn check(&self, batch: &Batch) -> Result<(), EngineError> {
+        let n = batch.tokens.len();
+        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
+            return Err(EngineError::BadBatch(format!(
+                "lengths differ: {} tokens, {} positions, {} sequence ids, {} logits flags",
+                n,
+                batch.pos.len(),
+                batch.seq.len(),
+                batch.logits.len()
+            )));
+        }
+        let mut len = self.seq_len.clone();
+        for i in 0..n {
+            let (tok, s, p) = (batch.tokens[i], batch.seq[i] as usize, batch.pos[i]);
+            if tok as usize >= self.n_vocab {
+                return Err(EngineError::BadBatch(format!(
+                    "token {tok} at entry {i} is outside the vocabulary of {}",
+                    self.n_vocab
+                )));
+            }
+            if s >= len.len() {
+                return Err(EngineError::BadBatch(format!(
+                    "sequence {s} at entry {i}: only {} sequences were allocated",
+                    len.len()
+                )));
+            }
+            if p as usize >= self.n_ctx_seq {
+                return Err(EngineError::NoSpace {
+                    seq: s as SeqId,
+                    needed: p as usize + 1,
+                    capacity: self.n_ctx_seq,
+                });
+            }
+            if p > len[s] {
+                return Err(EngineError::BadBatch(format!(
+                    "position {p} of sequence {s} at entry {i} leaves a gap after {}",
+                    len[s]
+                )));
+            }
+            len[s] = len[s].max(p + 1);
+        }
+        Ok(())
+    }
+
+    fn ubatch(
+        &mut self,
+        batch: &Batch,
+        r: std::ops::Range<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CudaError> {
+        let n = r.len();
+        let hp = &self.hp;
+        let e = hp.n_embd;
+        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+        let (nq, nkv, nv) = (hp.n_head * hk, hp.n_head_kv * hk, hp.n_head_kv * hv);
+        let ints = &mut self.host_ints;
+        ints.clear();
+        ints.extend(batch.tokens[r.clone()].iter().map(|&t| t as i32));
+        ints.extend(batch.pos[r.clone()].iter().map(|&p| p as i32));
+        ints.extend(
+            batch.seq[r.clone()]
+                .iter()
+                .map(|&s| (s as usize * self.n_ctx_seq) as i32),
+        );
+        for i in r.clone() {
+            ints.push((batch.seq[i] as usize * self.n_ctx_seq) as i32 + batch.pos[i] as i32);
+        }
+        let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
+        ints.extend(wanted.iter().map(|&i| i as i32));
+        let c = &mut self.cuda;
+        let s = &self.s;
+        c.gpu.upload(s.ints.ptr(), ints)?;
+        let at = |k: usize| s.ints.at(4 * k * n);
+        let (tokens, pos, base, cells, wanted_idx) = (at(0), at(1), at(2), at(3), at(4));
+        c.get_rows(&self.tok_embd, tokens, n, s.x.ptr())?;
+        if self.spec.embd_scale {
+            c.scale(s.x.ptr(), (e as f32).sqrt(), n * e)?;
+        }
+        let neox = self.spec.rope == RopeKind::Neox;
+        let q_scale = 1.0 / (hk as f32).sqrt();
+        for l in &self.layers {
+            c.rms_norm(s.x.ptr(), l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
+            c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
+            c.matmul(&l.wk, 0, s.cur.ptr(), n, s.k.ptr())?;
+            c.matmul(&l.wv, 0, s.cur.ptr(), n, s.v.ptr())?;
+            for (x, b, width) in [(&s.q, &l.bq, nq), (&s.k, &l.bk, nkv), (&s.v, &l.bv, nv)] {
+                if let Some(b) = b {
+                    c.add_bias(x.ptr(), b.ptr(), width, n * width)?;
+                }
+            }
+            if let Some(w) = &l.q_norm {
+                c.rms_norm(s.q.ptr(), w.ptr(), s.q.ptr(), n * hp.n_head, hk, hp.eps)?;
+            }
+            if let Some(w) = &l.k_norm {
+                c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
+            }
+            let rot = |x: u64, heads: usize| {
+                c.rope(
+                    x,
+                    pos,
+                    n,
+                    heads,
+                    hk,
+                    hp.n_rot,
+                    l.rope_base,
+                    l.rope_scale,
+                    neox,
+                )
+            };
+            rot(s.q.ptr(), hp.n_head)?;
+            rot(s.k.ptr(), hp.n_head_kv)?;
+            let kq_scale = if self.spec.scale_q {
+                c.scale(s.q.ptr(), q_scale, n * nq)?;
+                1.0
+            } else {
+                q_scale
+            };
+            c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
+            c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
+            c.attention(
+                s.q.ptr(),
+                l.k_cache.ptr(),
+                l.v_cache.ptr(),
+                base,
+                pos,
+                s.attn.ptr(),
+                n,
+                (hp.n_head, hp.n_head_kv),
+                (hk, hv),
+                kq_scale,
+                if l.swa { hp.n_swa } else { 0 },
+            )?;
+            c.matmul(&l.wo, 0, s.attn.ptr(), n, s.o.ptr())?;
+            if let Some(b) = &l.bo {
+                c.add_bias(s.o.ptr(), b.ptr(), e, n * e)?;
+            }
+            if let Some(w) = &l.post_attn_norm {
+                c.rms_norm(s.o.ptr(), w.ptr(), s.o.ptr(), n, e, hp.eps)?;
+            }
+            c.add(s.x.ptr(), s.o.ptr(), n * e)?;
+            c.rms_norm(s.x.ptr(), l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
+            let gelu = self.spec.act == Act::Gelu;
+            match &l.ffn {
+                GpuFfn::Dense { gate, up, down } => {
+                    c.matmul(gate, 0, s.cur.ptr(), n, s.gate.ptr())?;
+                    c.matmul(up, 0, s.cur.ptr(), n, s.up.ptr())?;
+                    c.glu(s.gate.ptr(), s.up.ptr(), n * hp.n_ff, gelu)?;
+                    c.matmul(down, 0, s.gate.ptr(), n, s.ffn.ptr())?;
+                }
+                GpuFfn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                } => moe(
+                    c,
+                    hp,
+                    gelu,
+                    [router, gate, up, down],
+                    s,
+                    n,
+                    &mut self.host_ints,
+                )?,
+            }
+            if let Some(w) = &l.post_ffn_norm {
+                c.rms_norm(s.ffn.ptr(), w.ptr(), s.ffn.ptr(), n, e, hp.eps)?;
+            }
+            c.add(s.x.ptr(), s.ffn.ptr(), n * e)?;
+        }
+        if wanted.is_empty() {
+            return c.gpu.sync();
+        }
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
+        let nw = wanted.len();
+        c.gather_rows(s.x.ptr(), wanted_idx, s.cur.ptr(), e, nw)?;
+        c.rms_norm(
+            s.cur.ptr(),
+            self.output_norm.ptr(),
+            s.cur.ptr(),
+            nw,
+            e,
+            hp.eps,
+        )?;
+        let start = out.len();
+        out.resize(start + nw * self.n_vocab, 0.0);
+        for chunk in (0..nw).step_by(LOGIT_ROWS) {
+            let m = (nw - chunk).min(LOGIT_ROWS);
+            c.matmul(head, 0, s.cur.at(4 * chunk * e), m, s.logits.ptr())?;
+            if let Some(cap) = hp.final_softcap {
+                c.softcap(s.logits.ptr(), cap, m * self.n_vocab)?;
+            }
+            let dst = &mut out[start + chunk * self.n_vocab..start + (chunk + m) * self.n_vocab];
+            c.gpu.download(dst, s.logits.ptr())?;
+        }
+        Ok(())
+    }
+}
+
+/// The mixture-of-experts FFN of `n` tokens in `s.cur` into `s.ffn`.
+fn moe(
+    c: &mut Cuda,
+    hp: &Hparams,
+    gelu: bool,
+    [router, gate, up, down]: [&DevMatrix; 4],
+    s: &Scratch,
+    n: usize,
+    host: &mut Vec<i32>,
+) -> Result<(), CudaError> {
+    let (ne, k, nf, e) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
+    c.matmul(router, 0, s.cur.ptr(), n, s.router.ptr())?;
+    let (ids, w) = (s.moe_ids.ptr(), s.moe_w.ptr());
+    c.route(
+        s.router.ptr(),
+        n,
+        ne,
+        k,
+        hp.expert_norm,
+        hp.expert_scale,
+        ids,
+        w,
+    )?;
+    if n <= MMV_MAX {
+        // decode: each (token, slot) pair reads only its expert's rows
+        c.matmul_id(gate, ids, s.cur.ptr(), k, n * k, s.gate.ptr())?;
+        c.matmul_id(up, ids, s.cur.ptr(), k, n * k, s.up.ptr())?;
+        c.glu(s.gate.ptr(), s.up.ptr(), n * k * nf, gelu)?;
+        c.matmul_id(down, ids, s.gate.ptr(), 1, n * k, s.moe_y.ptr())?;
+        return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e);
+    }
+    // prompt: the tokens of each expert gathered into one product per expert
+    let mut chosen = vec![0i32; n * k];
+    c.gpu.download(&mut chosen, ids)?;
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); ne];
+    for (p, &x) in chosen.iter().enumerate() {
+        by_expert[x as usize].push(p);
+    }
+    host.clear();
+    let mut spans = Vec::new();
+    for (x, pairs) in by_expert.iter().enumerate() {
+        if !pairs.is_empty() {
+            spans.push((x, host.len(), pairs.len()));
+            host.extend(pairs.iter().map(|&p| (p / k) as i32));
+        }
+    }
+    let half = host.len();
+    for pairs in by_expert.iter().filter(|p| !p.is_empty()) {
+        host.extend(pairs.iter().map(|&p| p as i32));
+    }
+    // after the ubatch's own 5 n ints
+    let lists = s.ints.at(4 * 5 * n);
+    c.gpu.upload(lists, host)?;
+    for (x, off, m) in spans {
+        let tok_idx = lists + 4 * off as u64;
+        let pair_idx = lists + 4 * (half + off) as u64;
+        c.gather_rows(s.cur.ptr(), tok_idx, s.moe_x.ptr(), e, m)?;
+        c.matmul(gate, x, s.moe_x.ptr(), m, s.gate.ptr())?;
+        c.matmul(up, x, s.moe_x.ptr(), m, s.up.ptr())?;
+        c.glu(s.gate.ptr(), s.up.ptr(), m * nf, gelu)?;
+        c.matmul(down, x, s.gate.ptr(), m, s.ffn.ptr())?;
+        c.scatter_rows(s.ffn.ptr(), pair_idx, s.moe_y.ptr(), e, m)?;
+    }
+    // the host lists must outlive their upload
+    c.gpu.sync()?;
+    c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
+}
+
+impl Forward for GpuModel {
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn n_ctx_seq(&self) -> usize {
+        self.n_ctx_seq
+    }
+
+    fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.check(batch)?;
+        for i in 0..batch.len() {
+            let s = batch.seq[i] as usize;
+            self.seq_len[s] = self.seq_len[s].max(batch.pos[i] + 1);
+        }
+        let mut start = 0;
+        while start < batch.len() {
+            let end = (start + self.n_ubatch).min(batch.len());
+            self.ubatch(batch, start..end, out)
+                .map_err(|e| EngineError::BadBatch(format!("CUDA step failed: {e}")))?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>) {
+        // positions are rows, so removing a middle range would leave a gap: everything from p0
+        // on goes (the server only ever truncates, with p1 = None)
+        let _ = p1;
+        if let Some(len) = self.seq_len.get_mut(seq as usize) {
+            *len = (*len).min(p0);
+        }
+    }
+
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
+        let (src, dst) = (src as usize, dst as usize);
+        if src >= self.seq_len.len() || dst >= self.seq_len.len() || src == dst {
+            return;
+        }
+        let n = n.min(self.seq_len[src]) as usize;
+        let hp = &self.hp;
+        let (kw, vw) = (
+            hp.n_head_kv * hp.head_dim_k * 2,
+            hp.n_head_kv * hp.head_dim_v * 2,
+        );
+        for l in &self.layers {
+            for (buf, w) in [(&l.k_cache, kw), (&l.v_cache, vw)] {
+                let (from, to) = (
+                    buf.at(src * self.n_ctx_seq * w),
+                    buf.at(dst * self.n_ctx_seq * w),
+                );
+                if let Err(e) = self.cuda.gpu.copy(to, from, n * w) {
+                    log::error!("copying the KV cache of sequence {src} to {dst}: {e}");
+                    self.seq_len[dst] = 0;
+                    return;
+                }
+            }
+        }
+        self.seq_len[dst] = n as u32;
+    }
+}
