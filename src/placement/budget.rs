@@ -119,8 +119,15 @@ mod tests {
         assert_eq!(s.kv_bytes(0, 8192), 8192 * (512 + 272));
         // 1024 * 4 + 512 = 4608 cells, already a multiple of 256
         assert_eq!(s.kv_bytes(1, 32768), 4608 * (512 + 272));
-        assert_eq!(s.kv_bytes(1, 2048), 2048 * (512 + 272), "never above the context");
-        let split = Sizing { ctx: ctx(4, false), ..s };
+        assert_eq!(
+            s.kv_bytes(1, 2048),
+            2048 * (512 + 272),
+            "never above the context"
+        );
+        let split = Sizing {
+            ctx: ctx(4, false),
+            ..s
+        };
         // per sequence: min(8192, 1536) cells
         assert_eq!(split.kv_bytes(1, 32768), 4 * 1536 * (512 + 272));
     }

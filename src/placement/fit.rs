@@ -4,7 +4,9 @@
 
 use super::budget::Sizing;
 use super::layout::{experts_to_host, layer_devices, select_devices, user_overrides, Layout};
-use super::plan::{ranges, ExpertSet, LayerPlan, Location, Plan, PlanError, Pool, TensorPlan};
+use super::plan::{
+    ranges, ExpertSet, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan,
+};
 use super::PlanRequest;
 use crate::cli::config::{GpuLayers, Place, Source, Sourced};
 use crate::model::GgmlType;
@@ -341,12 +343,8 @@ impl<'a> Planner<'a> {
 
     fn set_layer_counts(&self, layout: &mut Layout, counts: &[u32]) {
         let shares: Vec<f64> = counts.iter().map(|&c| c as f64).collect();
-        layout.layer_dev = layer_devices(
-            self.n_layer(),
-            counts.iter().sum(),
-            &self.chosen,
-            &shares,
-        );
+        layout.layer_dev =
+            layer_devices(self.n_layer(), counts.iter().sum(), &self.chosen, &shares);
     }
 
     /// Copies single experts to the card `card_of(layer)` names while it has room: hottest
@@ -371,10 +369,9 @@ impl<'a> Planner<'a> {
             .flat_map(|e| (0..self.n_layer()).map(move |il| (il, e)))
             .filter(|&(il, _)| layout.experts[il as usize].card.is_some())
             .filter(|&(il, _)| {
-                inv.tensors
-                    .iter()
-                    .zip(&placed.tensors)
-                    .any(|(t, at)| t.expert && t.layer == Some(il) && !matches!(at, Location::Card(_)))
+                inv.tensors.iter().zip(&placed.tensors).any(|(t, at)| {
+                    t.expert && t.layer == Some(il) && !matches!(at, Location::Card(_))
+                })
             })
             .collect();
         if let Some(heat) = self.req.heat {
@@ -445,12 +442,12 @@ impl<'a> Planner<'a> {
             .chain(std::iter::once(&placed.host))
             .find(|p| !p.fits());
         if let Some(pool) = over {
-            return Err(PlanError::DoesNotFit {
+            return Err(PlanError::DoesNotFit(Box::new(NotFit {
                 pool: pool.clone(),
                 n_ctx: layout.n_ctx,
                 cache_types,
                 budget_source: pool.budget.and(budget_source),
-            });
+            })));
         }
         let tensors: Vec<TensorPlan> = inv
             .tensors

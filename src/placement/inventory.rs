@@ -103,10 +103,9 @@ impl Inventory {
                 .find(|t| t.name == "token_embd.weight")
                 .map_or(0, |t| t.bytes)
         };
-        let (n_expert, n_ff_experts) = hp
-            .moe
-            .as_ref()
-            .map_or((0, 0), |m| (m.n_expert, m.n_ff_exp.unwrap_or(0) * m.n_expert_used));
+        let (n_expert, n_ff_experts) = hp.moe.as_ref().map_or((0, 0), |m| {
+            (m.n_expert, m.n_ff_exp.unwrap_or(0) * m.n_expert_used)
+        });
         Inventory {
             tensors,
             n_layer: hp.n_layer,

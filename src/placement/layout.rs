@@ -41,13 +41,10 @@ pub fn select_devices(
         chosen = cards
             .iter()
             .map(|&c| {
-                chosen
-                    .get(c as usize)
-                    .copied()
-                    .ok_or(PlanError::PlaceCard {
-                        index: c,
-                        available: chosen.len(),
-                    })
+                chosen.get(c as usize).copied().ok_or(PlanError::PlaceCard {
+                    index: c,
+                    available: chosen.len(),
+                })
             })
             .collect::<Result<_, _>>()?;
     }

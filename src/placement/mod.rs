@@ -21,7 +21,9 @@ mod plan;
 
 pub use fit::plan;
 pub use inventory::{Inventory, LayerKv, TensorEntry};
-pub use plan::{size, ExpertSet, Group, LayerPlan, Location, Plan, PlanError, Pool, TensorPlan};
+pub use plan::{
+    size, ExpertSet, Group, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan,
+};
 
 use crate::cli::PlacementIntent;
 

@@ -169,13 +169,23 @@ impl Plan {
             let copies = self.layers.iter().filter(|l| l.experts.card == Some(c));
             let (count, bytes) = copies
                 .filter(|l| l.copy_bytes > 0)
-                .fold((0, 0), |(n, b), l| (n + l.experts.on_card.len(), b + l.copy_bytes));
+                .fold((0, 0), |(n, b), l| {
+                    (n + l.experts.on_card.len(), b + l.copy_bytes)
+                });
             push(format!("{count} expert copies"), Location::Card(c), bytes);
         }
         let output: Vec<&TensorPlan> = self.tensors.iter().filter(|t| is_output(t)).collect();
         for at in locations(output.iter().map(|t| t.location).chain([self.output])) {
-            let tied = if at == self.output { self.tied_output_bytes } else { 0 };
-            push("output".into(), at, sum(output.iter().filter(|t| t.location == at)) + tied);
+            let tied = if at == self.output {
+                self.tied_output_bytes
+            } else {
+                0
+            };
+            push(
+                "output".into(),
+                at,
+                sum(output.iter().filter(|t| t.location == at)) + tied,
+            );
         }
         for at in locations(self.layers.iter().map(|l| l.kv)) {
             let layers = ranges(
@@ -185,12 +195,16 @@ impl Plan {
                     .filter(|(_, l)| l.kv == at && l.kv_bytes > 0)
                     .map(|(il, _)| il as u32),
             );
-            let bytes = self.layers.iter().filter(|l| l.kv == at).map(|l| l.kv_bytes).sum();
+            let bytes = self
+                .layers
+                .iter()
+                .filter(|l| l.kv == at)
+                .map(|l| l.kv_bytes)
+                .sum();
             push(format!("KV cache, layers {layers}"), at, bytes);
         }
         groups
     }
-
 }
 
 fn is_output(t: &TensorPlan) -> bool {
@@ -310,13 +324,17 @@ pub enum PlanError {
     /// `-ctk` / `-ctv` naming no ggml type.
     CacheType(String),
     /// A pool that cannot hold what the plan puts in it.
-    DoesNotFit {
-        pool: Pool,
-        n_ctx: u32,
-        cache_types: (String, String),
-        /// The option that set the budget, when one did.
-        budget_source: Option<String>,
-    },
+    DoesNotFit(Box<NotFit>),
+}
+
+/// The terms of a refusal: what the pool would hold and what it has.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NotFit {
+    pub pool: Pool,
+    pub n_ctx: u32,
+    pub cache_types: (String, String),
+    /// The option that set the budget, when one did.
+    pub budget_source: Option<String>,
 }
 
 impl fmt::Display for PlanError {
@@ -357,12 +375,13 @@ impl fmt::Display for PlanError {
                 "--split-mode {mode} is not built yet; use --split-mode layer or none"
             ),
             PlanError::CacheType(name) => write!(f, "unknown KV cache type '{name}'"),
-            PlanError::DoesNotFit {
-                pool,
-                n_ctx,
-                cache_types,
-                budget_source,
-            } => {
+            PlanError::DoesNotFit(not_fit) => {
+                let NotFit {
+                    pool,
+                    n_ctx,
+                    cache_types,
+                    budget_source,
+                } = not_fit.as_ref();
                 write!(
                     f,
                     "the model does not fit on {}: weights {} + KV {} (context {n_ctx} tokens, K {} V {}) + scratch {} = {}, ",
