@@ -667,7 +667,7 @@ fn the_real_model_plans_onto_a_small_card() {
             window: None
         }
     );
-    let case = Case::new(&[], inv, cards(&[2 * GIB]));
+    let case = Case::new(&[], inv.clone(), cards(&[2 * GIB]));
     let p = case.ok();
     assert_eq!(layer_map(&p), "0".repeat(19));
     let weights: u64 = file.tensors.iter().map(|t| t.size).sum();
@@ -675,5 +675,10 @@ fn the_real_model_plans_onto_a_small_card() {
     assert_eq!(
         p.host.weights, embd,
         "token_embd stays home, its tied copy goes with the output"
+    );
+    let p = Case::new(&["-ngl", "0"], inv, cards(&[2 * GIB])).ok();
+    assert_eq!(
+        p.host.weights, weights,
+        "with the output on the host the tied copy reads the same mapped bytes"
     );
 }

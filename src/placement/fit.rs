@@ -365,14 +365,16 @@ impl<'a> Planner<'a> {
             .iter()
             .map(|p| p.limit().saturating_sub(p.used()))
             .collect();
+        // layers with a card to copy to and expert tensors that are not on a card already
+        let mut wanted = vec![false; self.n_layer() as usize];
+        for (t, at) in inv.tensors.iter().zip(&placed.tensors) {
+            if let (true, Some(il), false) = (t.expert, t.layer, matches!(at, Location::Card(_))) {
+                wanted[il as usize] = layout.experts[il as usize].card.is_some();
+            }
+        }
         let mut order: Vec<(u32, u32)> = (0..inv.n_expert)
             .flat_map(|e| (0..self.n_layer()).map(move |il| (il, e)))
-            .filter(|&(il, _)| layout.experts[il as usize].card.is_some())
-            .filter(|&(il, _)| {
-                inv.tensors.iter().zip(&placed.tensors).any(|(t, at)| {
-                    t.expert && t.layer == Some(il) && !matches!(at, Location::Card(_))
-                })
-            })
+            .filter(|&(il, _)| wanted[il as usize])
             .collect();
         if let Some(heat) = self.req.heat {
             let count = |il: u32, e: u32| {
@@ -480,7 +482,10 @@ impl<'a> Planner<'a> {
             tensors,
             layers,
             output: layout.output_dev(),
-            tied_output_bytes: inv.tied_output_bytes,
+            tied_output_bytes: match layout.output_dev() {
+                Location::Card(_) => inv.tied_output_bytes,
+                _ => 0,
+            },
             n_ctx: layout.n_ctx,
             cache_types,
             notes,

@@ -72,7 +72,7 @@ pub struct Inventory {
     /// One entry per layer.
     pub kv: Vec<LayerKv>,
     /// Bytes of the output projection's copy of `token_embd` when the model ties them (upstream
-    /// loads the tied matrix a second time for the output layer).
+    /// loads the tied matrix a second time for the output layer's device).
     pub tied_output_bytes: u64,
     pub n_embd: u32,
     pub n_vocab: u32,

@@ -255,8 +255,8 @@ impl Layout {
             }
         }
         let output = self.output_dev();
-        if let Some(pool) = pool_mut(&mut cards, &mut host, output) {
-            pool.weights += inv.tied_output_bytes;
+        if let Location::Card(c) = output {
+            cards[c].weights += inv.tied_output_bytes;
         }
         computes.extend(self.layer_dev.iter().copied());
         let mut copies = vec![0; inv.n_layer as usize];

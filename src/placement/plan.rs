@@ -90,7 +90,8 @@ pub struct Plan {
     pub layers: Vec<LayerPlan>,
     /// Upstream's output layer (`output`, `output_norm`, and the tied copy of `token_embd`).
     pub output: Location,
-    /// The output layer's copy of a tied `token_embd`, held at `output`.
+    /// The output layer's copy of a tied `token_embd` on the output's card; 0 when the output
+    /// runs on the host, which reads the same mapped bytes as the input layer.
     pub tied_output_bytes: u64,
     /// Context tokens in total, after `--fit`.
     pub n_ctx: u32,
