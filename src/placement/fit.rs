@@ -35,14 +35,9 @@ pub fn plan(req: &PlanRequest) -> Result<Plan, PlanError> {
     };
     if intent.fit.value && !p.fits(&layout) {
         p.shrink_context(&mut layout, &mut notes);
-        if !p.fits(&layout) {
-            match user_set {
-                Some(option) => notes.push(format!(
-                    "--fit leaves the layers as {option} set them; only the context was fitted"
-                )),
-                None if !bp && !p.chosen.is_empty() => p.card_and_host(&mut layout, &mut notes),
-                None => {}
-            }
+        // upstream's --fit moves layers only when the user set none of the layer options
+        if !p.fits(&layout) && user_set.is_none() && !bp && !p.chosen.is_empty() {
+            p.card_and_host(&mut layout, &mut notes);
         }
     }
     if bp {
@@ -189,10 +184,13 @@ impl<'a> Planner<'a> {
         };
         let split = &intent.tensor_split.value;
         let shares: Vec<f64> = if split.iter().all(|&s| s == 0.0) {
-            // by free memory, as upstream; a card budget counts as the card's size
+            // by free memory, as upstream; a card budget caps what counts as free
             self.chosen
                 .iter()
-                .map(|&c| self.cards[c].limit() as f64)
+                .map(|&c| {
+                    let card = &self.cards[c];
+                    card.budget.map_or(card.free, |b| b.min(card.free)) as f64
+                })
                 .collect()
         } else {
             (0..self.chosen.len())
@@ -250,7 +248,7 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// `--fit` step 1: when the user left the context unset, the largest context (a multiple of
+    /// `--fit`'s first change: when the user left the context unset, the largest context (a multiple of
     /// 256 per stream, at least `-fitc`) that fits; `-fitc` itself when none does.
     fn shrink_context(&self, layout: &mut Layout, notes: &mut Vec<String>) {
         let from = layout.n_ctx;
