@@ -228,6 +228,9 @@ fn tensor_split_over_two_cards() {
     // no -ts: by free memory
     let p = Case::new(&[], model(8, 0), cards(&[30 * GIB, 10 * GIB])).ok();
     assert_eq!(layer_map(&p), "000000011");
+    // shares past the chosen cards are not read: all zero here, so by free memory
+    let p = Case::new(&["-ts", "0,0,5"], model(8, 0), cards(&[30 * GIB, 10 * GIB])).ok();
+    assert_eq!(layer_map(&p), "000000011");
     // -ngl with -ts: the offloaded tail is what gets cut
     let p = Case::new(
         &["-ngl", "4", "-ts", "1,1"],
@@ -547,6 +550,11 @@ fn balanced_pipeline_over_two_cards() {
         .refused(),
         "--place bp decides where layers and experts go; it cannot be combined with -ngl"
     );
+    let mut case = Case::new(&["--place", "bp"], model(8, 64), cards(&[20 * GIB; 2]));
+    case.env = vec![("LLAMA_ARG_CPU_MOE", "1")];
+    assert!(case
+        .refused()
+        .ends_with("cannot be combined with LLAMA_ARG_CPU_MOE"));
     let p = Case::new(&["--place", "1"], model(8, 0), cards(&[20 * GIB; 2])).ok();
     assert_eq!(layer_map(&p), "111111111");
     assert_eq!(

@@ -22,7 +22,7 @@ const CTX_ALIGN: u32 = 256;
 pub fn plan(req: &PlanRequest) -> Result<Plan, PlanError> {
     let p = Planner::new(req)?;
     let intent = req.intent;
-    let user_set = user_placement(req);
+    let user_set = p.user_placement();
     let mut notes = Vec::new();
     let bp = intent.place.value == Place::BalancedPipeline;
     let mut layout = if bp {
@@ -68,27 +68,6 @@ fn spelled<T>(s: &Sourced<T>, fallback: &str) -> String {
     match &s.source {
         Source::Flag(n) | Source::Env(n) | Source::File(n) => n.clone(),
         Source::Default => fallback.to_string(),
-    }
-}
-
-/// The first llama.cpp layer option the user set, by its spelling: upstream's `--fit` leaves the
-/// layers alone once any of them is set.
-fn user_placement(req: &PlanRequest) -> Option<String> {
-    let i = req.intent;
-    if i.n_gpu_layers.value != GpuLayers::Auto {
-        Some(spelled(&i.n_gpu_layers, "-ngl"))
-    } else if i.tensor_split.value.iter().any(|&s| s != 0.0) {
-        Some(spelled(&i.tensor_split, "-ts"))
-    } else if !i.override_tensor.value.is_empty() {
-        Some(spelled(&i.override_tensor, "-ot"))
-    } else if i.cpu_moe.value {
-        Some(spelled(&i.cpu_moe, "--cpu-moe"))
-    } else if i.n_cpu_moe.value > 0 {
-        Some(spelled(&i.n_cpu_moe, "-ncmoe"))
-    } else if i.n_cpu_ffn.value > 0 {
-        Some(spelled(&i.n_cpu_ffn, "-ncffn"))
-    } else {
-        None
     }
 }
 
@@ -154,6 +133,35 @@ impl<'a> Planner<'a> {
         })
     }
 
+    /// `-ts` for each chosen card (0 past the list), as upstream reads it.
+    fn tensor_split(&self) -> Vec<f64> {
+        let split = &self.req.intent.tensor_split.value;
+        (0..self.chosen.len())
+            .map(|k| split.get(k).copied().unwrap_or(0.0) as f64)
+            .collect()
+    }
+
+    /// The first llama.cpp layer option the user set, by its spelling: upstream's `--fit` leaves
+    /// the layers alone once any of them is set.
+    fn user_placement(&self) -> Option<String> {
+        let i = self.req.intent;
+        if i.n_gpu_layers.value != GpuLayers::Auto {
+            Some(spelled(&i.n_gpu_layers, "-ngl"))
+        } else if self.tensor_split().iter().any(|&s| s != 0.0) {
+            Some(spelled(&i.tensor_split, "-ts"))
+        } else if !i.override_tensor.value.is_empty() {
+            Some(spelled(&i.override_tensor, "-ot"))
+        } else if i.cpu_moe.value {
+            Some(spelled(&i.cpu_moe, "--cpu-moe"))
+        } else if i.n_cpu_moe.value > 0 {
+            Some(spelled(&i.n_cpu_moe, "-ncmoe"))
+        } else if i.n_cpu_ffn.value > 0 {
+            Some(spelled(&i.n_cpu_ffn, "-ncffn"))
+        } else {
+            None
+        }
+    }
+
     fn n_layer(&self) -> u32 {
         self.req.inventory.n_layer
     }
@@ -182,8 +190,8 @@ impl<'a> Planner<'a> {
             GpuLayers::Auto | GpuLayers::All => n_all,
             GpuLayers::Count(n) => n,
         };
-        let split = &intent.tensor_split.value;
-        let shares: Vec<f64> = if split.iter().all(|&s| s == 0.0) {
+        let given = self.tensor_split();
+        let shares: Vec<f64> = if given.iter().all(|&s| s == 0.0) {
             // by free memory, as upstream; a card budget caps what counts as free
             self.chosen
                 .iter()
@@ -193,9 +201,7 @@ impl<'a> Planner<'a> {
                 })
                 .collect()
         } else {
-            (0..self.chosen.len())
-                .map(|k| split.get(k).copied().unwrap_or(0.0) as f64)
-                .collect()
+            given
         };
         Ok(Layout {
             layer_dev: layer_devices(self.n_layer(), ngl, &self.chosen, &shares),
