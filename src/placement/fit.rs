@@ -512,3 +512,74 @@ fn whole_experts_on_card(tensors: &[TensorPlan], il: u32, n_expert: u32) -> Opti
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::PlacementIntent;
+    use crate::placement::{ContextRequest, DeviceInfo, Inventory, LayerKv, TensorEntry};
+
+    /// One layer of 1 MiB with 1 KiB of f16 KV per token; no scratch (ubatch 0).
+    fn inventory() -> Inventory {
+        Inventory {
+            tensors: vec![TensorEntry::new("blk.0.attn_q.weight", MIB)],
+            n_layer: 1,
+            n_expert: 0,
+            n_ctx_train: 32768,
+            kv: vec![LayerKv {
+                k: 256,
+                v: 256,
+                window: None,
+            }],
+            tied_output_bytes: 0,
+            n_embd: 0,
+            n_vocab: 0,
+            n_ff_active: 0,
+        }
+    }
+
+    fn fitted(kv_unified: bool, card: u64) -> Plan {
+        let intent = PlacementIntent::default();
+        let inv = inventory();
+        let devices = [DeviceInfo {
+            name: "CUDA0".into(),
+            free_bytes: card,
+            total_bytes: card,
+        }];
+        let host = DeviceInfo {
+            name: "host".into(),
+            free_bytes: 1 << 40,
+            total_bytes: 1 << 40,
+        };
+        let req = PlanRequest {
+            intent: &intent,
+            inventory: &inv,
+            devices: &devices,
+            host: &host,
+            context: ContextRequest {
+                n_ctx: 0,
+                n_seq: 2,
+                kv_unified,
+                swa_full: false,
+                n_ubatch: 0,
+            },
+            heat: None,
+        };
+        plan(&req).expect("plans")
+    }
+
+    #[test]
+    fn context_shrinks_in_steps_of_256_per_stream() {
+        let margin = DEFAULT_MARGIN_MIB * MIB;
+        // room for 20 000 tokens: one stream steps by 256, two streams by 512
+        let card = margin + MIB + 20_000 * 1024;
+        assert_eq!(fitted(true, card).n_ctx, 19968);
+        assert_eq!(fitted(false, card).n_ctx, 19968 / 512 * 512);
+        // the training context counts once per stream: 65 536 tokens fit with two streams
+        assert_eq!(fitted(false, margin + MIB + 65536 * 1024).n_ctx, 65536);
+        // below -fitc (4096 per stream) the context stops at -fitc and the layer leaves the card
+        let p = fitted(false, margin + MIB + 1000 * 1024);
+        assert_eq!(p.n_ctx, 8192);
+        assert_eq!(p.layers[0].device, Location::Host);
+    }
+}

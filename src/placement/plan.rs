@@ -166,7 +166,7 @@ impl Plan {
                 push(format!("layers {layers} {kind}"), at, sum(here()));
             }
         }
-        for (c, _) in self.cards.iter().enumerate() {
+        for c in 0..self.cards.len() {
             let copies = self.layers.iter().filter(|l| l.experts.card == Some(c));
             let (count, bytes) = copies
                 .filter(|l| l.copy_bytes > 0)
