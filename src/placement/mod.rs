@@ -21,9 +21,7 @@ mod plan;
 
 pub use fit::plan;
 pub use inventory::{Inventory, LayerKv, TensorEntry};
-pub use plan::{
-    size, ExpertSet, Group, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan,
-};
+pub use plan::{ExpertSet, Group, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan};
 
 use crate::cli::PlacementIntent;
 

@@ -246,7 +246,7 @@ pub(super) fn ranges(indices: impl Iterator<Item = u32>) -> String {
 }
 
 /// `1.50 GiB`, `12.0 MiB`.
-pub fn size(bytes: u64) -> String {
+fn size(bytes: u64) -> String {
     const MIB: f64 = (1u64 << 20) as f64;
     const GIB: f64 = (1u64 << 30) as f64;
     let b = bytes as f64;
