@@ -342,6 +342,24 @@ fn override_tensor_first_match_wins() {
     .ok();
     assert_eq!(at(&p, "blk.3.attn_k.weight"), HOST);
     assert_eq!(at(&p, "blk.3.attn_v.weight"), C0);
+    // token_embd_norm runs with the first layer; blocks past the layers go with the output
+    let mut m = model(4, 8);
+    m.tensors
+        .push(TensorEntry::new("token_embd_norm.weight", MIB));
+    m.tensors
+        .push(TensorEntry::new("blk.4.ffn_up_exps.weight", 16 * MIB));
+    let p = Case::new(&["-ngl", "1", "-c", "4096"], m.clone(), cards(&[40 * GIB])).ok();
+    assert_eq!(layer_map(&p), "hhhh0");
+    assert_eq!(at(&p, "token_embd_norm.weight"), HOST);
+    assert_eq!(at(&p, "blk.4.ffn_up_exps.weight"), C0);
+    let p = Case::new(&["-c", "4096"], m, cards(&[GIB + 450 * MIB])).ok();
+    assert_eq!(layer_map(&p), "00000");
+    assert_eq!(at(&p, "token_embd_norm.weight"), C0);
+    assert_eq!(
+        at(&p, "blk.4.ffn_up_exps.weight"),
+        HOST,
+        "the head's experts too"
+    );
     // an override may name a card -dev left out
     let p = Case::new(
         &["-dev", "CUDA0", "-ot", "output=CUDA1"],

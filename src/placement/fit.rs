@@ -373,7 +373,11 @@ impl<'a> Planner<'a> {
         let mut wanted = vec![false; self.n_layer() as usize];
         for (t, at) in inv.tensors.iter().zip(&placed.tensors) {
             if let (true, Some(il), false) = (t.expert, t.layer, matches!(at, Location::Card(_))) {
-                wanted[il as usize] = layout.experts[il as usize].card.is_some();
+                if let (Some(w), Some(set)) =
+                    (wanted.get_mut(il as usize), layout.experts.get(il as usize))
+                {
+                    *w = set.card.is_some();
+                }
             }
         }
         let mut order: Vec<(u32, u32)> = (0..inv.n_expert)

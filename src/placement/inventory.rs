@@ -8,7 +8,8 @@ use crate::model::{GgufFile, Hparams, KvOverride, Metadata, ModelError};
 pub struct TensorEntry {
     pub name: String,
     pub bytes: u64,
-    /// `Some(il)` for `blk.{il}.*` tensors.
+    /// `Some(il)` for `blk.{il}.*` tensors, and `Some(0)` for `token_embd_norm`, which upstream
+    /// runs with the first layer.
     pub layer: Option<u32>,
     /// An expert tensor (`ffn_{up,gate,down,gate_up}_exps`, also the `chexps` spelling), whose
     /// bytes are `n_expert` equal slices.
@@ -18,10 +19,10 @@ pub struct TensorEntry {
 impl TensorEntry {
     /// The layer and expert flags follow from the name.
     pub fn new(name: &str, bytes: u64) -> TensorEntry {
-        let layer = name
-            .strip_prefix("blk.")
-            .and_then(|rest| rest.split('.').next())
-            .and_then(|il| il.parse().ok());
+        let layer = match name.strip_prefix("blk.") {
+            Some(rest) => rest.split('.').next().and_then(|il| il.parse().ok()),
+            None => name.starts_with("token_embd_norm.").then_some(0),
+        };
         TensorEntry {
             name: name.to_string(),
             bytes,
@@ -30,17 +31,24 @@ impl TensorEntry {
         }
     }
 
-    /// Upstream's input layer (`token_embd`, position and token-type embeddings), which always
-    /// stays on the host.
+    /// Upstream's input layer (token, position, token-type and per-layer embeddings), which
+    /// always stays on the host.
     pub fn is_input(&self) -> bool {
         self.layer.is_none() && is_input_name(&self.name)
     }
 }
 
 pub(crate) fn is_input_name(name: &str) -> bool {
-    ["token_embd", "pos_embd", "token_types"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    let base = name.split('.').next().unwrap_or(name);
+    [
+        "token_embd",
+        "pos_embd",
+        "token_types",
+        "per_layer_token_embd",
+        "masked_embd_centroids",
+        "masked_embd_ordering",
+    ]
+    .contains(&base)
 }
 
 /// The tensors upstream's `--cpu-moe` pattern `\.ffn_(up|down|gate|gate_up)_(ch|)exps` matches.
@@ -167,6 +175,8 @@ mod tests {
         assert_eq!((shared.layer, shared.expert), (Some(3), false));
         let router = TensorEntry::new("blk.3.ffn_gate_inp.weight", 1);
         assert!(!router.expert);
+        let norm = TensorEntry::new("token_embd_norm.weight", 1);
+        assert_eq!(norm.layer, Some(0), "runs with the first layer");
         let embd = TensorEntry::new("token_embd.weight", 1);
         assert_eq!(embd.layer, None);
         assert!(embd.is_input());

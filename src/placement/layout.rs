@@ -204,11 +204,12 @@ impl Layout {
             return o.location;
         }
         match t.layer {
+            // blocks past the model's layers (a head's) go with the output, as upstream
             Some(il) => self
                 .layer_dev
                 .get(il as usize)
                 .copied()
-                .unwrap_or(Location::Host),
+                .unwrap_or(self.output_dev()),
             None if t.is_input() => Location::Host,
             None => self.output_dev(),
         }
