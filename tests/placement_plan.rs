@@ -475,6 +475,12 @@ fn card_budget_caps_a_card() {
     )
     .refused();
     assert!(e.ends_with("and --card-budget allows 2.00 GiB"), "{e}");
+    let mut case = Case::new(&[], model(8, 0), cards(&[80 * GIB]));
+    case.env = vec![("BLOOMERY_CARD_BUDGET", "CUDA1=8G")];
+    assert_eq!(
+        case.refused(),
+        "BLOOMERY_CARD_BUDGET names CUDA1, which is not a device (devices: CUDA0)"
+    );
 }
 
 #[test]

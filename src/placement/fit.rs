@@ -75,6 +75,18 @@ impl<'a> Planner<'a> {
     fn new(req: &'a PlanRequest<'a>) -> Result<Planner<'a>, PlanError> {
         let intent = req.intent;
         let chosen = select_devices(intent, req.devices)?;
+        if let Some(b) = intent
+            .card_budget
+            .value
+            .iter()
+            .find(|b| !req.devices.iter().any(|d| d.name == b.device))
+        {
+            return Err(PlanError::BudgetDevice {
+                option: spelled(&intent.card_budget, "BLOOMERY_CARD_BUDGET"),
+                device: b.device.clone(),
+                known: req.devices.iter().map(|d| d.name.clone()).collect(),
+            });
+        }
         let fit = intent.fit.value;
         let targets = &intent.fit_target_mib.value;
         let margin = |k: usize| {

@@ -320,6 +320,12 @@ pub enum PlanError {
     },
     /// `-ot PATTERN=...` whose pattern is not a regular expression.
     BadPattern { pattern: String, reason: String },
+    /// `BLOOMERY_CARD_BUDGET` naming a device that is not there.
+    BudgetDevice {
+        option: String,
+        device: String,
+        known: Vec<String>,
+    },
     /// `-sm row` / `-sm tensor`.
     SplitMode(String),
     /// `-ctk` / `-ctv` naming no ggml type.
@@ -370,6 +376,19 @@ impl fmt::Display for PlanError {
             PlanError::BadPattern { pattern, reason } => write!(
                 f,
                 "--override-tensor pattern '{pattern}' is not a regular expression: {reason}"
+            ),
+            PlanError::BudgetDevice {
+                option,
+                device,
+                known,
+            } => write!(
+                f,
+                "{option} names {device}, which is not a device (devices: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
             ),
             PlanError::SplitMode(mode) => write!(
                 f,
