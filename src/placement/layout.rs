@@ -189,8 +189,9 @@ pub struct Placed {
     pub tensors: Vec<Location>,
     pub cards: Vec<Pool>,
     pub host: Pool,
-    /// Per layer: KV location and bytes, and bytes of expert copies.
+    /// Per layer: where its KV cache lives and its bytes.
     pub kv: Vec<(Location, u64)>,
+    /// Per layer: bytes of its expert copies on a card.
     pub copies: Vec<u64>,
 }
 
@@ -216,7 +217,7 @@ impl Layout {
     }
 
     /// A tensor's home: an expert tensor whose every expert has a card copy lives on that card.
-    pub fn tensor_location(&self, t: &TensorEntry, n_expert: u32) -> Location {
+    fn tensor_location(&self, t: &TensorEntry, n_expert: u32) -> Location {
         if let (true, Some(il)) = (t.expert, t.layer) {
             if let Some(ExpertSet {
                 card: Some(c),
