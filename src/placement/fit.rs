@@ -3,7 +3,9 @@
 //! `--place bp`, expert copies, the disk tier, and the final check of every pool.
 
 use super::budget::Sizing;
-use super::layout::{experts_to_host, layer_devices, select_devices, user_overrides, Layout};
+use super::layout::{
+    experts_to_host, layer_devices, select_devices, user_overrides, Layout, Placed,
+};
 use super::plan::{
     ranges, ExpertSet, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan,
 };
@@ -251,7 +253,7 @@ impl<'a> Planner<'a> {
         })
     }
 
-    fn placed(&self, layout: &Layout) -> super::layout::Placed {
+    fn placed(&self, layout: &Layout) -> Placed {
         layout.place(self.req.inventory, &self.sizing, &self.cards, &self.host)
     }
 
