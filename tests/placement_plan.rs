@@ -541,6 +541,17 @@ fn automatic_plan_with_dense_weights_too_big() {
     assert_eq!(layer_map(&p), "hhhh00000");
     assert!(p.layers.iter().all(|l| l.experts.on_card.is_empty()));
     assert_eq!(at(&p, "blk.7.ffn_up_exps.weight"), HOST);
+    // a dense model over two cards: the last card takes the output and the last layers, then
+    // the card before it the layers before those
+    let layer = 144 * MIB + 4096 * KV_TOKEN;
+    let last = GIB + SCRATCH + LOGITS + 64 * MIB + 3 * layer + MIB;
+    let first = GIB + SCRATCH + 3 * layer + MIB;
+    let p = Case::new(&["-c", "4096"], model(8, 0), cards(&[first, last])).ok();
+    assert_eq!(layer_map(&p), "hh0001111");
+    assert_eq!(
+        p.notes,
+        ["--fit: 7 of 9 layers (output included) on the cards"]
+    );
 }
 
 #[test]
