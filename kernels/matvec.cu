@@ -66,18 +66,31 @@ __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expe
     if (threadIdx.x % WARP == 0) y[(i64)p * nrows + r] = s;
 }
 
+// Each thread dequantizes one 32-element chunk; chunks enumerate the output in order, so a
+// warp's 32 chunks are 2 KiB of contiguous f16, staged in shared memory and written with 16-byte
+// stores (writing each thread's 32 halves directly scatters every store over 32 segments).
+// Blocks are 128 threads.
 template <int TY>
 __device__ __forceinline__ void deq_f16_impl(const u8* W, i64 row_bytes, int k, int nrows,
                                              u16* out) {
+    __shared__ __align__(16) u16 stage[4][32 * 32];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     const int per = k / 32;
-    if (t >= (i64)nrows * per) return;
-    const int r = (int)(t / per), c = (int)(t % per);
-    float v[32];
-    deq<TY>(W + r * row_bytes, c, v);
-    u16* o = out + (i64)r * k + 32 * c;
+    const i64 total = (i64)nrows * per;
+    if (t < total) {
+        float v[32];
+        deq<TY>(W + (t / per) * row_bytes, (int)(t % per), v);
 #pragma unroll
-    for (int l = 0; l < 32; l++) o[l] = f2h(v[l]);
+        for (int l = 0; l < 32; l++) stage[warp][lane * 32 + l] = f2h(v[l]);
+    }
+    __syncwarp();
+    const i64 t0 = t - lane;
+    const uint4* src = (const uint4*)stage[warp];
+    uint4* dst = (uint4*)(out + 32 * t0);
+#pragma unroll
+    for (int i = lane; i < 128; i += WARP)
+        if (t0 + i / 4 < total) dst[i] = src[i];
 }
 
 template <int TY>
