@@ -212,9 +212,12 @@ pub fn unexecuted_plan_warning(plan: &Plan, at: Location) -> Option<String> {
         _ => plan.location_name(at),
     };
     let pools: Vec<&str> = plan.pools().iter().map(|p| p.name.as_str()).collect();
+    let planned = match pools[..] {
+        [one] => format!("placement on {one}"),
+        _ => format!("split over {}", pools.join(" + ")),
+    };
     Some(format!(
-        "the engine serves the whole model on {serving}; the plan's split over {} is not executed yet",
-        pools.join(" + ")
+        "the engine serves the whole model on {serving}; the plan's {planned} is not executed yet"
     ))
 }
 
@@ -787,9 +790,13 @@ mod tests {
             unexecuted_plan_warning(&p, Location::Card(0)).is_some(),
             "layers on the host"
         );
+        let host_only = planned(&["-dev", "none"], &cards, 1 << 16).unwrap();
+        assert_eq!(
+            unexecuted_plan_warning(&host_only, Location::Card(0)).as_deref(),
+            Some("the engine serves the whole model on CUDA0; the plan's placement on host is not executed yet")
+        );
         let whole = planned(&[], &cards, 1 << 16).unwrap();
         assert_eq!(unexecuted_plan_warning(&whole, Location::Card(0)), None);
-        let host_only = planned(&[], &[], 1 << 16).unwrap();
         assert_eq!(unexecuted_plan_warning(&host_only, Location::Host), None);
         assert_eq!(engine_location(Some(0), &cards), Location::Card(0));
         assert_eq!(engine_location(None, &cards), Location::Host);
