@@ -72,3 +72,35 @@ extern "C" __global__ void attn_f16(const float* q, const u16* kc, const u16* vc
         o[d] = v / total;
     }
 }
+
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* tmp) {
+    v = is_max ? warp_max(v) : warp_sum(v);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    __syncthreads();
+    if (lane == 0) tmp[warp] = v;
+    __syncthreads();
+    v = lane < nw ? tmp[lane] : (is_max ? -INFINITY : 0.0f);
+    return is_max ? warp_max(v) : warp_sum(v);
+}
+
+// Prompt attention through cuBLAS, the step between the two products: row (h, i) of S holds
+// query i's scores over the keys 0..kv_len-1 of its sequence, query i sitting at position p0 + i.
+// Keys after the query or outside the sliding window get weight 0. P is written as f16.
+extern "C" __global__ void softmax_rows(const float* S, u16* P, int kv_len, int p0, int m,
+                                        float scale, int n_swa) {
+    __shared__ float tmp[32];
+    const i64 row = blockIdx.x;
+    const int p = p0 + (int)(row % m);
+    const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
+    const float* s = S + row * kv_len;
+    u16* o = P + row * kv_len;
+    float mx = -INFINITY;
+    for (int j = lo + threadIdx.x; j <= p; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
+    mx = block_reduce(mx, true, tmp);
+    float sum = 0.0f;
+    for (int j = lo + threadIdx.x; j <= p; j += blockDim.x) sum += expf(s[j] * scale - mx);
+    sum = block_reduce(sum, false, tmp);
+    const float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < kv_len; j += blockDim.x)
+        o[j] = (j < lo || j > p) ? (u16)0 : f2h(expf(s[j] * scale - mx) * inv);
+}

@@ -92,11 +92,20 @@ extern "C" __global__ void gather_rows(const float* x, const int* idx, float* ou
     if (i < width) out[(i64)j * width + i] = x[(i64)idx[j] * width + i];
 }
 
-// out[idx[j]] = x[j].
+// out[idx[j]] = x[j]; rows with idx[j] < 0 (padding) are skipped.
+// Rows are blockIdx.x (a padded expert group can exceed grid.y's 65535).
 extern "C" __global__ void scatter_rows(const float* x, const int* idx, float* out, int width) {
-    const int j = blockIdx.y;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < width) out[(i64)idx[j] * width + i] = x[(i64)j * width + i];
+    const int j = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < width && idx[j] >= 0) out[(i64)idx[j] * width + i] = x[(i64)j * width + i];
+}
+
+// out[j] = f16(x[idx[j]]), zeros where idx[j] < 0 (padding rows of a per-expert group).
+extern "C" __global__ void gather_f16(const float* x, const int* idx, u16* out, int width) {
+    const int j = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    out[(i64)j * width + i] = idx[j] < 0 ? (u16)0 : f2h(x[(i64)idx[j] * width + i]);
 }
 
 #define MAX_EXPERTS 512

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (after scripts/device-pack.sh here, carrying .device): builds upstream's
-# CUDA llama-bench from the packed sources in the background, writes the synthetic
+# CUDA llama-bench from the packed sources in the background (llama-server needs its web UI assets, which this offline machine cannot provision), writes the synthetic
 # Qwen3-30B-A3B-shaped Q4_K model with our writer, and prints pp512, pp4096 and tg128 tok/s for
 # bloomery (whole model on the card) and upstream (-ngl 99), measured in the same run, with
 # ratios. Logs and raw numbers go to $OUT (or $WORK).
@@ -20,7 +20,7 @@ if [ ! -x "$UP" ]; then
   (tar xf "$D/llama-src.tar.xz" -C "$W/up" &&
     cmake -S "$W/up" -B "$W/up/b" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF &&
-    cmake --build "$W/up/b" -j "$(nproc)" --target llama-bench llama-server) >"$LOG/upstream-build.log" 2>&1 &
+    cmake --build "$W/up/b" -j "$(nproc)" --target llama-bench) >"$LOG/upstream-build.log" 2>&1 &
   build=$!
 else
   build=""

@@ -18,7 +18,7 @@ if [ ! -f .device/llama-src.tar.xz ]; then
   (cd "$SRC" && tar cf - --exclude='ggml/src/ggml-sycl' --exclude='ggml/src/ggml-vulkan' \
     --exclude='ggml/src/ggml-opencl' --exclude='ggml/src/ggml-metal' --exclude='ggml/src/ggml-hexagon' \
     --exclude='ggml/src/ggml-et' --exclude='tools/server/tests' --exclude='*.md' \
-    CMakeLists.txt cmake include src common vendor ggml tools licenses LICENSE app) |
+    CMakeLists.txt cmake include src common vendor ggml tools licenses LICENSE app scripts) |
     xz -T2 -6 >.device/llama-src.tar.xz
 fi
 du -sh .device

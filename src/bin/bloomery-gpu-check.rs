@@ -88,13 +88,13 @@ fn model_check(path: &Path) -> Result<bool, String> {
     for (i, &t) in prompt.iter().enumerate() {
         b.push(t, i as u32, 0, true);
     }
-    let mut cmp = Compare::default();
+    let (mut prompt_cmp, mut cmp) = (Compare::default(), Compare::default());
     let (mut lc, mut lg) = (Vec::new(), Vec::new());
     cpu.decode(&b, &mut lc).map_err(|e| e.to_string())?;
     let t0 = Instant::now();
     gpu.decode(&b, &mut lg).map_err(|e| e.to_string())?;
     let pp = t0.elapsed();
-    cmp.rows(&lc, &lg, nv);
+    prompt_cmp.rows(&lc, &lg, nv);
     // greedy continuation chosen by the CPU, fed to both
     let mut next = top(&lc[(n_prompt - 1) * nv..], 1)[0] as u32;
     let mut gpu_time = std::time::Duration::ZERO;
@@ -137,18 +137,28 @@ fn model_check(path: &Path) -> Result<bool, String> {
             n = top(&g, 1)[0] as u32;
         }
     }
+    let spread = {
+        let l = &lc[(n_prompt - 1) * nv..n_prompt * nv];
+        let mean = l.iter().sum::<f32>() / nv as f32;
+        (l.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / nv as f32).sqrt()
+    };
+    let ok = prompt_cmp.ok() && cmp.ok();
     println!(
-        "model {}: {} rows, max |dlogprob| top-5 {:.4} (tol {LOGPROB_TOL}), argmax misses {} (near ties skipped {}), card's own greedy run equals the CPU's for {own}/{n_gen} tokens; card prompt {n_prompt} tok {:.1} ms, decode {:.2} ms/token -> {}",
+        "model {} (logit std {spread:.2}): prompt rows {}: max |dlogprob| top-5 {:.4}, argmax misses {} (near ties {}); decode rows {}: max |dlogprob| {:.4}, argmax misses {} (near ties {}); tol {LOGPROB_TOL}; the card's own greedy run equals the CPU's for {own}/{n_gen} tokens; card prompt {n_prompt} tok {:.1} ms, decode {:.2} ms/token -> {}",
         path.display(),
+        prompt_cmp.rows,
+        prompt_cmp.max_diff,
+        prompt_cmp.argmax_miss,
+        prompt_cmp.ties,
         cmp.rows,
         cmp.max_diff,
         cmp.argmax_miss,
         cmp.ties,
         pp.as_secs_f64() * 1e3,
         gpu_time.as_secs_f64() * 1e3 / n_gen as f64,
-        if cmp.ok() { "ok" } else { "FAIL" }
+        if ok { "ok" } else { "FAIL" }
     );
-    Ok(cmp.ok())
+    Ok(ok)
 }
 
 fn main() -> ExitCode {

@@ -9,7 +9,7 @@ use super::model::{Ffn, Weights};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
 use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
-use crate::backend::cuda::{Cuda, CudaError, DevBuf, DevMatrix};
+use crate::backend::cuda::{Buf, Cuda, CudaError, DevBuf, DevMatrix, Graph};
 use crate::model::GgmlType;
 
 impl From<CudaError> for EngineError {
@@ -70,15 +70,64 @@ struct Scratch {
     router: DevBuf,
     moe_ids: DevBuf,
     moe_w: DevBuf,
-    moe_x: DevBuf,
     moe_y: DevBuf,
-    /// tokens, positions, sequence bases and cells of the ubatch, then per-expert index lists
+    /// tokens, positions, sequence bases, cells and wanted rows of the ubatch
     ints: DevBuf,
+    /// per-expert token and pair lists of a prompt pass, padded to the largest group
+    moe_lists: DevBuf,
     logits: DevBuf,
 }
 
 /// Rows of logits computed per head product (bounds the logits scratch for large vocabularies).
 const LOGIT_ROWS: usize = 64;
+/// Runs of at least this many consecutive tokens of one sequence attend through cuBLAS products;
+/// shorter ones (decode) through the attention kernel.
+const PROMPT_ATTN_MIN: usize = 16;
+
+/// How a stretch of a ubatch attends: a long run of one sequence's consecutive positions through
+/// cuBLAS products, or any mix of tokens through the attention kernel (which reads each token's
+/// position and sequence from the card, so a decode step's launches do not depend on which
+/// sequences it holds and can be replayed as a graph).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Span {
+    Prompt {
+        start: usize,
+        len: usize,
+        seq: usize,
+        p0: usize,
+    },
+    Kernel {
+        start: usize,
+        len: usize,
+    },
+}
+
+fn spans(seq: &[SeqId], pos: &[u32]) -> Vec<Span> {
+    // maximal runs of one sequence at consecutive positions
+    let mut runs: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for (i, (&s, &p)) in seq.iter().zip(pos).enumerate() {
+        match runs.last_mut() {
+            Some(r) if r.2 == s as usize && r.3 + r.1 == p as usize => r.1 += 1,
+            _ => runs.push((i, 1, s as usize, p as usize)),
+        }
+    }
+    let mut out: Vec<Span> = Vec::new();
+    for (start, len, seq, p0) in runs {
+        if len >= PROMPT_ATTN_MIN {
+            out.push(Span::Prompt {
+                start,
+                len,
+                seq,
+                p0,
+            });
+        } else if let Some(Span::Kernel { len: l, .. }) = out.last_mut() {
+            *l += len;
+        } else {
+            out.push(Span::Kernel { start, len });
+        }
+    }
+    out
+}
 
 pub struct GpuModel {
     spec: &'static ArchSpec,
@@ -94,6 +143,8 @@ pub struct GpuModel {
     n_ubatch: usize,
     s: Scratch,
     host_ints: Vec<i32>,
+    /// The layers of a decode step of `n` tokens (index `n - 1`), captured once and replayed.
+    graphs: Vec<Option<Graph>>,
 }
 
 fn matrix(cuda: &Cuda, t: &Tensor, n_expert: usize) -> Result<DevMatrix, EngineError> {
@@ -234,9 +285,9 @@ impl GpuModel {
             router: f(nub * hp.n_expert)?,
             moe_ids: f(nub * k_used)?,
             moe_w: f(nub * k_used)?,
-            moe_x: f(nub * e)?,
             moe_y: f(nub * k_used * e)?,
-            ints: f(5 * nub + 2 * nub * k_used)?,
+            ints: f(5 * nub)?,
+            moe_lists: f(2 * hp.n_expert * nub)?,
             logits: f(LOGIT_ROWS * w.n_vocab)?,
         };
         let model = GpuModel {
@@ -254,6 +305,7 @@ impl GpuModel {
             n_ubatch: nub,
             s,
             host_ints: Vec::new(),
+            graphs: (0..MMV_MAX).map(|_| None).collect(),
             hp,
             cuda,
         };
@@ -314,10 +366,7 @@ impl GpuModel {
         out: &mut Vec<f32>,
     ) -> Result<(), CudaError> {
         let n = r.len();
-        let hp = &self.hp;
-        let e = hp.n_embd;
-        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
-        let (nq, nkv, nv) = (hp.n_head * hk, hp.n_head_kv * hk, hp.n_head_kv * hv);
+        let e = self.hp.n_embd;
         let ints = &mut self.host_ints;
         ints.clear();
         ints.extend(batch.tokens[r.clone()].iter().map(|&t| t as i32));
@@ -332,17 +381,73 @@ impl GpuModel {
         }
         let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
         ints.extend(wanted.iter().map(|&i| i as i32));
-        let c = &mut self.cuda;
-        let s = &self.s;
-        c.gpu.upload(s.ints.ptr(), ints)?;
+        self.cuda.gpu.upload(self.s.ints.ptr(), ints)?;
+        let spans = spans(&batch.seq[r.clone()], &batch.pos[r.clone()]);
+        if n <= MMV_MAX {
+            // a decode step: no host round trip inside, so the layers replay as one graph
+            if self.graphs[n - 1].is_none() {
+                self.cuda.gpu.begin_capture()?;
+                let recorded = self.layers(n, &spans);
+                let graph = self.cuda.gpu.end_capture();
+                recorded?;
+                self.graphs[n - 1] = Some(graph?);
+            }
+            if let Some(g) = &self.graphs[n - 1] {
+                g.launch()?;
+            }
+        } else {
+            self.layers(n, &spans)?;
+        }
+        let (c, s, hp) = (&mut self.cuda, &self.s, &self.hp);
+        if wanted.is_empty() {
+            return c.gpu.sync();
+        }
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
+        let nw = wanted.len();
+        c.gather_rows(s.x.ptr(), s.ints.at(4 * 4 * n), s.cur.ptr(), e, nw)?;
+        c.rms_norm(
+            s.cur.ptr(),
+            self.output_norm.ptr(),
+            s.cur.ptr(),
+            nw,
+            e,
+            hp.eps,
+        )?;
+        let start = out.len();
+        out.resize(start + nw * self.n_vocab, 0.0);
+        for chunk in (0..nw).step_by(LOGIT_ROWS) {
+            let m = (nw - chunk).min(LOGIT_ROWS);
+            c.matmul(head, 0, s.cur.at(4 * chunk * e), m, s.logits.ptr())?;
+            if let Some(cap) = hp.final_softcap {
+                c.softcap(s.logits.ptr(), cap, m * self.n_vocab)?;
+            }
+            let dst = &mut out[start + chunk * self.n_vocab..start + (chunk + m) * self.n_vocab];
+            c.gpu.download(dst, s.logits.ptr())?;
+        }
+        Ok(())
+    }
+
+    /// The embeddings and every layer of the `n` tokens whose indices are in `s.ints`, leaving
+    /// the final hidden states in `s.x`.
+    fn layers(&mut self, n: usize, spans: &[Span]) -> Result<(), CudaError> {
+        let (c, s, hp) = (&mut self.cuda, &self.s, &self.hp);
+        let e = hp.n_embd;
+        let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+        let (nq, nkv, nv, na) = (
+            hp.n_head * hk,
+            hp.n_head_kv * hk,
+            hp.n_head_kv * hv,
+            hp.n_head * hv,
+        );
         let at = |k: usize| s.ints.at(4 * k * n);
-        let (tokens, pos, base, cells, wanted_idx) = (at(0), at(1), at(2), at(3), at(4));
+        let (tokens, pos, base, cells) = (at(0), at(1), at(2), at(3));
         c.get_rows(&self.tok_embd, tokens, n, s.x.ptr())?;
         if self.spec.embd_scale {
             c.scale(s.x.ptr(), (e as f32).sqrt(), n * e)?;
         }
         let neox = self.spec.rope == RopeKind::Neox;
         let q_scale = 1.0 / (hk as f32).sqrt();
+        let gelu = self.spec.act == Act::Gelu;
         for l in &self.layers {
             c.rms_norm(s.x.ptr(), l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
             c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
@@ -359,9 +464,9 @@ impl GpuModel {
             if let Some(w) = &l.k_norm {
                 c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
             }
-            let rot = |x: u64, heads: usize| {
+            for (x, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
                 c.rope(
-                    x,
+                    x.ptr(),
                     pos,
                     n,
                     heads,
@@ -370,10 +475,8 @@ impl GpuModel {
                     l.rope_base,
                     l.rope_scale,
                     neox,
-                )
-            };
-            rot(s.q.ptr(), hp.n_head)?;
-            rot(s.k.ptr(), hp.n_head_kv)?;
+                )?;
+            }
             let kq_scale = if self.spec.scale_q {
                 c.scale(s.q.ptr(), q_scale, n * nq)?;
                 1.0
@@ -382,19 +485,42 @@ impl GpuModel {
             };
             c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
             c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
-            c.attention(
-                s.q.ptr(),
-                l.k_cache.ptr(),
-                l.v_cache.ptr(),
-                base,
-                pos,
-                s.attn.ptr(),
-                n,
-                (hp.n_head, hp.n_head_kv),
-                (hk, hv),
-                kq_scale,
-                if l.swa { hp.n_swa } else { 0 },
-            )?;
+            let n_swa = if l.swa { hp.n_swa } else { 0 };
+            for &span in spans {
+                match span {
+                    Span::Prompt {
+                        start,
+                        len,
+                        seq,
+                        p0,
+                    } => c.attention_prompt(
+                        s.q.at(4 * start * nq),
+                        l.k_cache.ptr(),
+                        l.v_cache.ptr(),
+                        s.attn.at(4 * start * na),
+                        seq * self.n_ctx_seq,
+                        p0,
+                        len,
+                        (hp.n_head, hp.n_head_kv),
+                        (hk, hv),
+                        kq_scale,
+                        n_swa,
+                    )?,
+                    Span::Kernel { start, len } => c.attention(
+                        s.q.at(4 * start * nq),
+                        l.k_cache.ptr(),
+                        l.v_cache.ptr(),
+                        base + 4 * start as u64,
+                        pos + 4 * start as u64,
+                        s.attn.at(4 * start * na),
+                        len,
+                        (hp.n_head, hp.n_head_kv),
+                        (hk, hv),
+                        kq_scale,
+                        n_swa,
+                    )?,
+                }
+            }
             c.matmul(&l.wo, 0, s.attn.ptr(), n, s.o.ptr())?;
             if let Some(b) = &l.bo {
                 c.add_bias(s.o.ptr(), b.ptr(), e, n * e)?;
@@ -404,7 +530,6 @@ impl GpuModel {
             }
             c.add(s.x.ptr(), s.o.ptr(), n * e)?;
             c.rms_norm(s.x.ptr(), l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
-            let gelu = self.spec.act == Act::Gelu;
             match &l.ffn {
                 GpuFfn::Dense { gate, up, down } => {
                     c.matmul(gate, 0, s.cur.ptr(), n, s.gate.ptr())?;
@@ -431,31 +556,6 @@ impl GpuModel {
                 c.rms_norm(s.ffn.ptr(), w.ptr(), s.ffn.ptr(), n, e, hp.eps)?;
             }
             c.add(s.x.ptr(), s.ffn.ptr(), n * e)?;
-        }
-        if wanted.is_empty() {
-            return c.gpu.sync();
-        }
-        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
-        let nw = wanted.len();
-        c.gather_rows(s.x.ptr(), wanted_idx, s.cur.ptr(), e, nw)?;
-        c.rms_norm(
-            s.cur.ptr(),
-            self.output_norm.ptr(),
-            s.cur.ptr(),
-            nw,
-            e,
-            hp.eps,
-        )?;
-        let start = out.len();
-        out.resize(start + nw * self.n_vocab, 0.0);
-        for chunk in (0..nw).step_by(LOGIT_ROWS) {
-            let m = (nw - chunk).min(LOGIT_ROWS);
-            c.matmul(head, 0, s.cur.at(4 * chunk * e), m, s.logits.ptr())?;
-            if let Some(cap) = hp.final_softcap {
-                c.softcap(s.logits.ptr(), cap, m * self.n_vocab)?;
-            }
-            let dst = &mut out[start + chunk * self.n_vocab..start + (chunk + m) * self.n_vocab];
-            c.gpu.download(dst, s.logits.ptr())?;
         }
         Ok(())
     }
@@ -492,40 +592,38 @@ fn moe(
         c.matmul_id(down, ids, s.gate.ptr(), 1, n * k, s.moe_y.ptr())?;
         return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e);
     }
-    // prompt: the tokens of each expert gathered into one product per expert
+    // prompt: each expert's tokens gathered into a group padded to the largest group, and all
+    // groups multiplied in one batched product per matrix
     let mut chosen = vec![0i32; n * k];
     c.gpu.download(&mut chosen, ids)?;
     let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); ne];
     for (p, &x) in chosen.iter().enumerate() {
         by_expert[x as usize].push(p);
     }
+    let m = by_expert.iter().map(Vec::len).max().unwrap_or(0);
     host.clear();
-    let mut spans = Vec::new();
+    host.resize(2 * ne * m, -1);
     for (x, pairs) in by_expert.iter().enumerate() {
-        if !pairs.is_empty() {
-            spans.push((x, host.len(), pairs.len()));
-            host.extend(pairs.iter().map(|&p| (p / k) as i32));
+        for (j, &p) in pairs.iter().enumerate() {
+            host[x * m + j] = (p / k) as i32;
+            host[ne * m + x * m + j] = p as i32;
         }
     }
-    let half = host.len();
-    for pairs in by_expert.iter().filter(|p| !p.is_empty()) {
-        host.extend(pairs.iter().map(|&p| p as i32));
-    }
-    // after the ubatch's own 5 n ints
-    let lists = s.ints.at(4 * 5 * n);
-    c.gpu.upload(lists, host)?;
-    for (x, off, m) in spans {
-        let tok_idx = lists + 4 * off as u64;
-        let pair_idx = lists + 4 * (half + off) as u64;
-        c.gather_rows(s.cur.ptr(), tok_idx, s.moe_x.ptr(), e, m)?;
-        c.matmul(gate, x, s.moe_x.ptr(), m, s.gate.ptr())?;
-        c.matmul(up, x, s.moe_x.ptr(), m, s.up.ptr())?;
-        c.glu(s.gate.ptr(), s.up.ptr(), m * nf, gelu)?;
-        c.matmul(down, x, s.gate.ptr(), m, s.ffn.ptr())?;
-        c.scatter_rows(s.ffn.ptr(), pair_idx, s.moe_y.ptr(), e, m)?;
-    }
-    // the host lists must outlive their upload
-    c.gpu.sync()?;
+    let (tok_lists, pair_lists) = (s.moe_lists.ptr(), s.moe_lists.at(4 * ne * m));
+    c.gpu.upload(tok_lists, host)?;
+    let rows = ne * m;
+    let x16 = c.buf(Buf::X16, rows * e * 2)?;
+    c.gather_f16(s.cur.ptr(), tok_lists, x16, e, rows)?;
+    let g = c.buf(Buf::MoeGate, rows * nf * 4)?;
+    let u = c.buf(Buf::MoeUp, rows * nf * 4)?;
+    c.matmul_experts(gate, x16, m, g)?;
+    c.matmul_experts(up, x16, m, u)?;
+    c.glu(g, u, rows * nf, gelu)?;
+    let g16 = c.buf(Buf::X16, rows * nf * 2)?;
+    c.to_f16(g, g16, rows * nf)?;
+    let y = c.buf(Buf::MoeOut, rows * e * 4)?;
+    c.matmul_experts(down, g16, m, y)?;
+    c.scatter_rows(y, pair_lists, s.moe_y.ptr(), e, rows)?;
     c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
 }
 
@@ -540,6 +638,10 @@ impl Forward for GpuModel {
 
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.check(batch)?;
+        self.cuda
+            .gpu
+            .bind()
+            .map_err(|e| EngineError::BadBatch(format!("CUDA: {e}")))?;
         for i in 0..batch.len() {
             let s = batch.seq[i] as usize;
             self.seq_len[s] = self.seq_len[s].max(batch.pos[i] + 1);
@@ -569,6 +671,10 @@ impl Forward for GpuModel {
             return;
         }
         let n = n.min(self.seq_len[src]) as usize;
+        if let Err(e) = self.cuda.gpu.bind() {
+            log::error!("copying the KV cache of sequence {src} to {dst}: {e}");
+            return;
+        }
         let hp = &self.hp;
         let (kw, vw) = (
             hp.n_head_kv * hp.head_dim_k * 2,
@@ -588,5 +694,42 @@ impl Forward for GpuModel {
             }
         }
         self.seq_len[dst] = n as u32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_runs_attend_through_products_and_the_rest_through_the_kernel() {
+        // a 20-token prompt chunk of sequence 1 between decode tokens of sequences 0 and 2
+        let mut seq = vec![0u32];
+        let mut pos = vec![7u32];
+        seq.extend([1; 20]);
+        pos.extend(30..50);
+        seq.extend([2, 0]);
+        pos.extend([3, 8]);
+        assert_eq!(
+            spans(&seq, &pos),
+            vec![
+                Span::Kernel { start: 0, len: 1 },
+                Span::Prompt {
+                    start: 1,
+                    len: 20,
+                    seq: 1,
+                    p0: 30
+                },
+                Span::Kernel { start: 21, len: 2 },
+            ]
+        );
+        // a decode step is one kernel stretch whatever sequences it holds
+        assert_eq!(
+            spans(&[0, 1, 0], &[5, 9, 6]),
+            vec![Span::Kernel { start: 0, len: 3 }]
+        );
+        // a position gap ends a run
+        let (seq, pos): (Vec<u32>, Vec<u32>) = (0..32).map(|i| (0, i + (i / 16) * 5)).unzip();
+        assert_eq!(spans(&seq, &pos).len(), 2);
     }
 }

@@ -177,14 +177,14 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
             .map_err(|e| CudaError(format!("random {} blocks: {e}", ty.name())))?;
         let mut w = vec![0f32; n_all];
         dequantize(ty, &data, &mut w).map_err(|e| CudaError(e.to_string()))?;
-        let m = c.upload_matrix(&data, ty, k, rows, ne)?;
+        let mat = c.upload_matrix(&data, ty, k, rows, ne)?;
         let name = ty.name();
         // embedding rows
         let ids = [2i32, 0, (rows * ne - 1) as i32];
         let ids_d = c.gpu.alloc(12)?;
         c.gpu.upload(ids_d.ptr(), &ids)?;
         let o = poisoned(c, 3 * k)?;
-        c.get_rows(&m, ids_d.ptr(), 3, o.ptr())?;
+        c.get_rows(&mat, ids_d.ptr(), 3, o.ptr())?;
         let reference: Vec<f64> = ids
             .iter()
             .flat_map(|&r| {
@@ -204,7 +204,7 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
             let x = rng.vec(n * k);
             let xd = up(c, &x)?;
             let y = poisoned(c, n * rows)?;
-            c.matmul(&m, 1, xd.ptr(), n, y.ptr())?;
+            c.matmul(&mat, 1, xd.ptr(), n, y.ptr())?;
             out.push(Outcome {
                 name: format!("matmul {name} n={n}"),
                 rel_err: rel_err(&down(c, y.ptr(), n * rows)?, &matvec_ref(we, k, &x)),
@@ -212,6 +212,25 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
                 limit: if n > super::ops::MMV_MAX { 3e-3 } else { 1e-5 },
             });
         }
+        // every expert on its own group of rows, in one batched product
+        let m = 5;
+        let x = rng.vec(ne * m * k);
+        let xd = up(c, &x)?;
+        let x16 = c.gpu.alloc(x.len() * 2)?;
+        c.to_f16(xd.ptr(), x16.ptr(), x.len())?;
+        let y = poisoned(c, ne * m * rows)?;
+        c.matmul_experts(&mat, x16.ptr(), m, y.ptr())?;
+        let reference: Vec<f64> = (0..ne)
+            .flat_map(|e| {
+                let we = &w[e * rows * k..(e + 1) * rows * k];
+                matvec_ref(we, k, &x[e * m * k..(e + 1) * m * k])
+            })
+            .collect();
+        out.push(Outcome {
+            name: format!("matmul_experts {name}"),
+            rel_err: rel_err(&down(c, y.ptr(), ne * m * rows)?, &reference),
+            limit: 3e-3,
+        });
         // expert rows by id: 5 pairs, each its own input row
         let pairs = 5;
         let eids: Vec<i32> = (0..pairs).map(|_| rng.below(ne) as i32).collect();
@@ -222,7 +241,7 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
             poisoned(c, pairs * rows)?,
         );
         c.gpu.upload(idd.ptr(), &eids)?;
-        c.matmul_id(&m, idd.ptr(), xd.ptr(), 1, pairs, y.ptr())?;
+        c.matmul_id(&mat, idd.ptr(), xd.ptr(), 1, pairs, y.ptr())?;
         let reference: Vec<f64> = eids
             .iter()
             .enumerate()
@@ -406,6 +425,52 @@ fn attention_checks(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaEr
             rel_err: rel_err(&down(c, o.ptr(), nq * n_head * hd)?, &reference),
             limit: 1e-5,
         });
+        // the prompt path: the first 24 positions as one chunk, then the next 16
+        for (p0, m) in [(0usize, 24usize), (24, 16)] {
+            let q = rng.vec(m * n_head * hd);
+            let qd = up(c, &q)?;
+            let o = poisoned(c, m * n_head * hd)?;
+            c.attention_prompt(
+                qd.ptr(),
+                kc.ptr(),
+                vc.ptr(),
+                o.ptr(),
+                0,
+                p0,
+                m,
+                (n_head, n_head_kv),
+                (hd, hd),
+                scale,
+                n_swa,
+            )?;
+            let mut reference = Vec::new();
+            for i in 0..m {
+                let p = (p0 + i) as i32;
+                let lo = if n_swa > 0 {
+                    (p + 1 - n_swa as i32).max(0)
+                } else {
+                    0
+                };
+                for h in 0..n_head {
+                    let g = h / (n_head / n_head_kv);
+                    let rows = |src: &[f32], w: usize| -> Vec<Vec<f32>> {
+                        (lo..=p)
+                            .map(|j| {
+                                src[j as usize * w + g * hd..j as usize * w + (g + 1) * hd].to_vec()
+                            })
+                            .collect()
+                    };
+                    let qh = &q[(i * n_head + h) * hd..(i * n_head + h + 1) * hd];
+                    reference.extend(ref_attend(qh, &rows(&kr, kw), &rows(&vr, vw), scale));
+                }
+            }
+            out.push(Outcome {
+                name: format!("attention_prompt hd={hd} swa={n_swa} p0={p0}"),
+                rel_err: rel_err(&down(c, o.ptr(), m * n_head * hd)?, &reference),
+                // f16 queries and probabilities on the tensor cores
+                limit: 3e-3,
+            });
+        }
     }
     Ok(out)
 }

@@ -278,51 +278,135 @@ impl Gpu {
         .map_err(|e| err("launching a kernel", e))
     }
 
-    /// `C[m x n] = A^T B` in column-major terms: `a` is `k x m` (one row of the weight per
-    /// column), `b` is `k x n` (one token per column), `c` is `m x n` f32. `a`/`b` are f16 when
-    /// `half`, else f32.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm(
-        &self,
-        half: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: u64,
-        b: u64,
-        c: u64,
-    ) -> Result<(), CudaError> {
+    /// Makes this card's context current on the calling thread (the engine may be loaded on
+    /// one thread and stepped on another).
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| err("binding the context", e))
+    }
+
+    /// A matrix product through cuBLAS; see [`Gemm`].
+    pub fn gemm(&self, g: &Gemm) -> Result<(), CudaError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let ty = if half {
+        let ty = if g.half {
             blas_sys::cudaDataType::CUDA_R_16F
         } else {
             blas_sys::cudaDataType::CUDA_R_32F
         };
-        // SAFETY: pointers were sized by the caller for the shapes given.
+        let op = |t: bool| {
+            if t {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        // SAFETY: pointers were sized by the caller for the shapes and strides given.
         unsafe {
-            blas::gemm_ex(
+            blas::gemm_strided_batched_ex(
                 self.blas,
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                op(g.trans_a),
                 blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                m as i32,
-                n as i32,
-                k as i32,
+                g.m as i32,
+                g.n as i32,
+                g.k as i32,
                 &alpha as *const f32 as *const c_void,
-                a as *const c_void,
+                g.a as *const c_void,
                 ty,
-                k as i32,
-                b as *const c_void,
+                g.lda as i32,
+                g.stride_a as i64,
+                g.b as *const c_void,
                 ty,
-                k as i32,
+                g.ldb as i32,
+                g.stride_b as i64,
                 &beta as *const f32 as *const c_void,
-                c as *mut c_void,
+                g.c as *mut c_void,
                 blas_sys::cudaDataType::CUDA_R_32F,
-                m as i32,
+                g.ldc as i32,
+                g.stride_c as i64,
+                g.batch as i32,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| err("cuBLAS GemmEx", e))
+        .map_err(|e| err("cuBLAS GemmStridedBatchedEx", e))
+    }
+
+    /// From here until [`Gpu::end_capture`], launches on the stream are recorded into a graph
+    /// instead of running.
+    pub fn begin_capture(&self) -> Result<(), CudaError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| err("starting a graph capture", e))
+    }
+
+    pub fn end_capture(&self) -> Result<Graph, CudaError> {
+        match self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| err("ending a graph capture", e))?
+        {
+            Some(g) => Ok(Graph(g)),
+            None => Err(CudaError("the graph capture recorded nothing".into())),
+        }
+    }
+}
+
+/// The shape of one (strided, batched) product `C = op(A) B` in cuBLAS's column-major terms:
+/// `op(A)` is `m x k` (`A` stored `k x m` when `trans_a`), `B` is `k x n`, `C` is `m x n` f32;
+/// `A` and `B` are f16 when `half`, else f32. `batch` products step each pointer by its stride
+/// (in elements).
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    pub half: bool,
+    pub trans_a: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: u64,
+    pub lda: usize,
+    pub stride_a: usize,
+    pub b: u64,
+    pub ldb: usize,
+    pub stride_b: usize,
+    pub c: u64,
+    pub ldc: usize,
+    pub stride_c: usize,
+    pub batch: usize,
+}
+
+impl Gemm {
+    /// `y[n][m] = W x` for a row-major weight `a` (`m` rows of `k`) and `n` row-major inputs.
+    pub fn weights(half: bool, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64) -> Gemm {
+        Gemm {
+            half,
+            trans_a: true,
+            m,
+            n,
+            k,
+            a,
+            lda: k,
+            stride_a: 0,
+            b,
+            ldb: k,
+            stride_b: 0,
+            c,
+            ldc: m,
+            stride_c: 0,
+            batch: 1,
+        }
+    }
+}
+
+/// A captured sequence of launches, replayed with one call.
+pub struct Graph(cudarc::driver::CudaGraph);
+
+// SAFETY: replayed only by the owner of the `Gpu` whose stream it was captured on.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    pub fn launch(&self) -> Result<(), CudaError> {
+        self.0.launch().map_err(|e| err("replaying a graph", e))
     }
 }
 

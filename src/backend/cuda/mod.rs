@@ -7,5 +7,5 @@ pub mod compile;
 pub mod device;
 pub mod ops;
 
-pub use device::{CudaError, DevBuf, DeviceInfo, Gpu};
-pub use ops::{Cuda, DevMatrix};
+pub use device::{CudaError, DevBuf, DeviceInfo, Gemm, Gpu, Graph};
+pub use ops::{Buf, Cuda, DevMatrix};

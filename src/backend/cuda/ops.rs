@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use cudarc::driver::CudaFunction;
 
 use super::compile;
-use super::device::{Arg, CudaError, DevBuf, Gpu};
+use super::device::{Arg, CudaError, DevBuf, Gemm, Gpu};
 use crate::model::GgmlType;
 
 /// Columns up to which products run through the matrix-vector kernels (`MMV_MAX` in
@@ -82,18 +82,39 @@ struct Fns {
     kv_store: CudaFunction,
     gather_rows: CudaFunction,
     scatter_rows: CudaFunction,
+    gather_f16: CudaFunction,
+    softmax_rows: CudaFunction,
     route: CudaFunction,
     moe_combine: CudaFunction,
     attn: CudaFunction,
 }
 
-/// A card with its kernels loaded and the f16 scratch that cuBLAS products read.
+/// Scratch buffers that grow to the largest request and are reused between operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// Weights dequantized to f16 for cuBLAS.
+    W16,
+    /// Activations converted to f16 for cuBLAS.
+    X16,
+    /// Prompt attention: queries in f16, scores, and probabilities in f16.
+    Q16,
+    Scores,
+    Probs,
+    /// Mixture-of-experts prompt pass: gate and up outputs and the experts' outputs, per expert
+    /// group.
+    MoeGate,
+    MoeUp,
+    MoeOut,
+}
+
+const N_BUF: usize = 8;
+
+/// A card with its kernels loaded and the scratch that cuBLAS products read.
 pub struct Cuda {
     pub gpu: Gpu,
     per_type: HashMap<GgmlType, PerType>,
     f: Fns,
-    w16: DevBuf,
-    x16: DevBuf,
+    scratch: Vec<DevBuf>,
 }
 
 fn blocks(n: usize, per: u32) -> u32 {
@@ -141,17 +162,18 @@ impl Cuda {
             kv_store: gpu.function("kv_store")?,
             gather_rows: gpu.function("gather_rows")?,
             scatter_rows: gpu.function("scatter_rows")?,
+            gather_f16: gpu.function("gather_f16")?,
+            softmax_rows: gpu.function("softmax_rows")?,
             route: gpu.function("route")?,
             moe_combine: gpu.function("moe_combine")?,
             attn: gpu.function("attn_f16")?,
         };
-        let (w16, x16) = (gpu.alloc(0)?, gpu.alloc(0)?);
+        let scratch = (0..N_BUF).map(|_| gpu.alloc(0)).collect::<Result<_, _>>()?;
         Ok(Cuda {
             gpu,
             per_type,
             f,
-            w16,
-            x16,
+            scratch,
         })
     }
 
@@ -202,16 +224,41 @@ impl Cuda {
         })
     }
 
-    fn grow(&mut self, which: u8, bytes: usize) -> Result<u64, CudaError> {
-        let b = if which == 0 {
-            &mut self.w16
-        } else {
-            &mut self.x16
-        };
-        if b.bytes() < bytes {
-            *b = self.gpu.alloc(bytes.next_power_of_two())?;
+    /// Scratch buffer `which`, grown to at least `bytes` (its old contents are lost when it
+    /// grows).
+    pub fn buf(&mut self, which: Buf, bytes: usize) -> Result<u64, CudaError> {
+        let i = which as usize;
+        if self.scratch[i].bytes() < bytes {
+            // free first: the card may not hold both
+            self.scratch[i] = self.gpu.alloc(0)?;
+            self.scratch[i] = self.gpu.alloc(bytes.next_power_of_two())?;
         }
-        Ok(b.ptr())
+        Ok(self.scratch[i].ptr())
+    }
+
+    /// Dequantizes `rows` rows of `w` starting at byte `base` to f16 in [`Buf::W16`] (f16
+    /// weights are read in place).
+    fn weights_f16(&mut self, w: &DevMatrix, base: u64, rows: usize) -> Result<u64, CudaError> {
+        if w.ty == GgmlType::F16 {
+            return Ok(base);
+        }
+        let a = self.buf(Buf::W16, rows * w.k * 2)?;
+        let f = &self.kernels(w.ty)?.deq_f16;
+        let chunks = rows * w.k / 32;
+        self.gpu.launch(
+            f,
+            (blocks(chunks, 128), 1, 1),
+            128,
+            0,
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                i32_of(w.k),
+                i32_of(rows),
+                Arg::Ptr(a),
+            ],
+        )?;
+        Ok(a)
     }
 
     /// `y[n][rows] = W_e x[n][k]` for expert `e` of `w` (0 for a dense matrix).
@@ -242,35 +289,34 @@ impl Cuda {
                 ],
             );
         }
-        match w.ty {
-            GgmlType::F32 => self.gpu.gemm(false, w.rows, n, w.k, base, x, y),
-            ty => {
-                let a = if ty == GgmlType::F16 {
-                    base
-                } else {
-                    let a = self.grow(0, w.rows * w.k * 2)?;
-                    let f = &self.kernels(ty)?.deq_f16;
-                    let chunks = w.rows * w.k / 32;
-                    self.gpu.launch(
-                        f,
-                        (blocks(chunks, 128), 1, 1),
-                        128,
-                        0,
-                        &[
-                            Arg::Ptr(base),
-                            Arg::I64(w.row_bytes as i64),
-                            i32_of(w.k),
-                            i32_of(w.rows),
-                            Arg::Ptr(a),
-                        ],
-                    )?;
-                    a
-                };
-                let b = self.grow(1, n * w.k * 2)?;
-                self.to_f16(x, b, n * w.k)?;
-                self.gpu.gemm(true, w.rows, n, w.k, a, b, y)
-            }
+        if w.ty == GgmlType::F32 {
+            return self
+                .gpu
+                .gemm(&Gemm::weights(false, w.rows, n, w.k, base, x, y));
         }
+        let a = self.weights_f16(w, base, w.rows)?;
+        let b = self.buf(Buf::X16, n * w.k * 2)?;
+        self.to_f16(x, b, n * w.k)?;
+        self.gpu.gemm(&Gemm::weights(true, w.rows, n, w.k, a, b, y))
+    }
+
+    /// Every expert of `w` at once on its own group of `m` f16 input rows: expert `e` reads rows
+    /// `[e m, (e + 1) m)` of `x16` and writes the same rows of `y` (f32, `w.rows` wide).
+    pub fn matmul_experts(
+        &mut self,
+        w: &DevMatrix,
+        x16: u64,
+        m: usize,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        let a = self.weights_f16(w, w.buf.ptr(), w.rows * w.n_expert)?;
+        self.gpu.gemm(&Gemm {
+            stride_a: w.rows * w.k,
+            stride_b: m * w.k,
+            stride_c: m * w.rows,
+            batch: w.n_expert,
+            ..Gemm::weights(true, w.rows, m, w.k, a, x16, y)
+        })
     }
 
     /// For each pair `p < pairs`: `y[p] = W_{ids[p]} x[p / x_div]` (mixture-of-experts decode).
@@ -479,7 +525,7 @@ impl Cuda {
         )
     }
 
-    /// `out[idx[j]] = x[j]` for `n` rows of `width`.
+    /// `out[idx[j]] = x[j]` for `n` rows of `width`, skipping rows with `idx[j] < 0`.
     pub fn scatter_rows(
         &self,
         x: u64,
@@ -490,11 +536,112 @@ impl Cuda {
     ) -> Result<(), CudaError> {
         self.gpu.launch(
             &self.f.scatter_rows,
-            (blocks(width, 256), n as u32, 1),
+            (n as u32, blocks(width, 256), 1),
             256,
             0,
             &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
         )
+    }
+
+    /// `out[j] = f16(x[idx[j]])`, zero rows where `idx[j] < 0`.
+    pub fn gather_f16(
+        &self,
+        x: u64,
+        idx: u64,
+        out: u64,
+        width: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.gpu.launch(
+            &self.f.gather_f16,
+            (n as u32, blocks(width, 256), 1),
+            256,
+            0,
+            &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
+        )
+    }
+
+    /// Attention of `m` consecutive query tokens of one sequence (positions `p0..p0 + m`, its
+    /// cache rows starting at cell `base`) through cuBLAS: scores for all heads of each KV
+    /// group in one batched product, a masked softmax, then the weighted values the same way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_prompt(
+        &mut self,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        out: u64,
+        base: usize,
+        p0: usize,
+        m: usize,
+        (n_head, n_head_kv): (usize, usize),
+        (hk, hv): (usize, usize),
+        scale: f32,
+        n_swa: u32,
+    ) -> Result<(), CudaError> {
+        let kv_len = p0 + m;
+        let gs = n_head / n_head_kv;
+        let (kstride, vstride) = (n_head_kv * hk, n_head_kv * hv);
+        let q16 = self.buf(Buf::Q16, m * n_head * hk * 2)?;
+        let scores = self.buf(Buf::Scores, n_head * m * kv_len * 4)?;
+        let probs = self.buf(Buf::Probs, n_head * m * kv_len * 2)?;
+        self.to_f16(q, q16, m * n_head * hk)?;
+        for g in 0..n_head_kv {
+            let h0 = g * gs;
+            self.gpu.gemm(&Gemm {
+                half: true,
+                trans_a: true,
+                m: kv_len,
+                n: m,
+                k: hk,
+                a: kc + 2 * (base * kstride + g * hk) as u64,
+                lda: kstride,
+                stride_a: 0,
+                b: q16 + 2 * (h0 * hk) as u64,
+                ldb: n_head * hk,
+                stride_b: hk,
+                c: scores + 4 * (h0 * m * kv_len) as u64,
+                ldc: kv_len,
+                stride_c: m * kv_len,
+                batch: gs,
+            })?;
+        }
+        self.gpu.launch(
+            &self.f.softmax_rows,
+            ((n_head * m) as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(scores),
+                Arg::Ptr(probs),
+                i32_of(kv_len),
+                i32_of(p0),
+                i32_of(m),
+                Arg::F32(scale),
+                Arg::I32(n_swa as i32),
+            ],
+        )?;
+        for g in 0..n_head_kv {
+            let h0 = g * gs;
+            self.gpu.gemm(&Gemm {
+                half: true,
+                trans_a: false,
+                m: hv,
+                n: m,
+                k: kv_len,
+                a: vc + 2 * (base * vstride + g * hv) as u64,
+                lda: vstride,
+                stride_a: 0,
+                b: probs + 2 * (h0 * m * kv_len) as u64,
+                ldb: kv_len,
+                stride_b: m * kv_len,
+                c: out + 4 * (h0 * hv) as u64,
+                ldc: n_head * hv,
+                stride_c: hv,
+                batch: gs,
+            })?;
+        }
+        Ok(())
     }
 
     /// Top-`k` experts of each of `n` tokens from router logits `[n][ne]`: ids and weights
