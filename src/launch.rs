@@ -1,7 +1,9 @@
 //! The composition root: turns a parsed command line into a serving process. Resolves the model
-//! source (file, `-hf`, `-mu`), starts HTTP early so `/health` answers 503 while loading, opens
-//! the GGUF, builds the vocabulary, chat templates and engine, attaches them and serves until a
-//! stop signal. The only place that maps `Config` onto the parameters of the other modules.
+//! source (file, `-hf`, `-mu`), opens the GGUF and plans where the model goes (a bad file or a
+//! plan that does not fit is refused before the port is bound), starts HTTP early so `/health`
+//! answers 503 while loading, builds the vocabulary, chat templates and engine, attaches them and
+//! serves until a stop signal. The only place that maps `Config` onto the parameters of the other
+//! modules.
 
 use std::fmt;
 use std::io::IsTerminal;
@@ -10,12 +12,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::backend::cuda;
 use crate::chat::{ChatTemplates, RenderInputs, SpecialTokens};
 use crate::cli::config::{DeviceChoice, GpuLayers};
 use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
+use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanRequest};
 use crate::server::{ChatRenderer, ModelInfo, Server, ServerParams, TaskParams};
 use crate::service;
 use crate::tokenizer::{Vocab, VocabType};
@@ -26,6 +30,8 @@ pub enum LaunchError {
     NoModel,
     Hub(String),
     Model(String),
+    /// The plan does not fit, or its inputs could not be read.
+    Placement(String),
     Engine(String),
     Chat(String),
     Io(std::io::Error),
@@ -39,6 +45,7 @@ impl fmt::Display for LaunchError {
             }
             LaunchError::Hub(e) => write!(f, "failed to fetch the model: {e}"),
             LaunchError::Model(e) => write!(f, "failed to load model: {e}"),
+            LaunchError::Placement(e) => write!(f, "{e}"),
             LaunchError::Engine(e) => write!(f, "failed to load model: {e}"),
             LaunchError::Chat(e) => write!(f, "failed to load the chat template: {e}"),
             LaunchError::Io(e) => write!(f, "{e}"),
@@ -61,31 +68,185 @@ pub struct SlotShape {
     pub n_ctx_slot: usize,
 }
 
-/// `-c 0` takes the model's training context; auto `--parallel` means 4 slots over a unified KV
-/// pool (each slot may use all of it); otherwise the context is divided among the slots. A slot
-/// context above the training context is capped to it, as upstream does.
-pub fn slot_shape(cfg: &Config, n_ctx_train: usize) -> SlotShape {
+/// The slots as the flags ask for them: auto `--parallel` means 4 slots over a unified KV pool.
+struct Slots {
+    n_parallel: usize,
+    unified: bool,
+    /// `--kv-unified-per-slot`.
+    per_slot_cap: Option<usize>,
+}
+
+fn slots(cfg: &Config) -> Slots {
     let auto = cfg.slots.n_parallel < 0;
-    let n_parallel = if auto {
-        AUTO_PARALLEL
-    } else {
-        cfg.slots.n_parallel.max(1) as usize
-    };
-    let per_slot_cap =
-        (cfg.context.kv_unified_per_slot > 0).then_some(cfg.context.kv_unified_per_slot as usize);
-    let n_ctx = match (cfg.context.ctx_size, per_slot_cap) {
+    Slots {
+        n_parallel: if auto {
+            AUTO_PARALLEL
+        } else {
+            cfg.slots.n_parallel.max(1) as usize
+        },
+        unified: cfg.context.kv_unified.unwrap_or(auto),
+        per_slot_cap: (cfg.context.kv_unified_per_slot > 0)
+            .then_some(cfg.context.kv_unified_per_slot as usize),
+    }
+}
+
+/// The context the planner sizes the KV cache for: `-c`, else `--kv-unified-per-slot` times the
+/// slots, else 0, which takes the training context and lets `--fit` shrink it. `-c 0` sends 0
+/// too, but the option table then raises `-fitc` so that `--fit` keeps the whole context.
+pub fn context_request(cfg: &Config) -> ContextRequest {
+    let s = slots(cfg);
+    let n_ctx = match (cfg.context.ctx_size, s.per_slot_cap) {
         (c, _) if c > 0 => c as usize,
-        (_, Some(cap)) => n_parallel * cap,
-        _ => n_ctx_train,
+        (_, Some(cap)) => s.n_parallel * cap,
+        _ => 0,
     };
-    let unified = cfg.context.kv_unified.unwrap_or(auto);
-    let seq = if unified { n_ctx } else { n_ctx / n_parallel };
-    let capped = per_slot_cap.map_or(seq, |cap| seq.min(cap));
+    ContextRequest {
+        n_ctx: u32::try_from(n_ctx).unwrap_or(u32::MAX),
+        n_seq: s.n_parallel as u32,
+        kv_unified: s.unified,
+        swa_full: cfg.context.swa_full,
+        n_ubatch: cfg.context.ubatch.max(1) as u32,
+    }
+}
+
+/// The planned context `n_ctx` (tokens in total) over the slots: one unified KV pool lets each
+/// slot use all of it, otherwise it is divided among them. A slot context above the training
+/// context is capped to it, as upstream does.
+pub fn slot_shape(cfg: &Config, n_ctx: usize, n_ctx_train: usize) -> SlotShape {
+    let s = slots(cfg);
+    let seq = if s.unified {
+        n_ctx
+    } else {
+        n_ctx / s.n_parallel
+    };
+    let capped = s.per_slot_cap.map_or(seq, |cap| seq.min(cap));
     SlotShape {
-        n_parallel,
+        n_parallel: s.n_parallel,
         n_ctx,
         n_ctx_slot: capped.min(n_ctx_train.max(1)),
     }
+}
+
+/// Where the host's memory comes from.
+const MEMINFO: &str = "/proc/meminfo";
+
+/// The host as the planner weighs it: `MemAvailable` free of `MemTotal`.
+fn host_memory() -> Result<placement::DeviceInfo, LaunchError> {
+    std::fs::read_to_string(MEMINFO)
+        .map_err(|e| e.to_string())
+        .and_then(|text| host_from_meminfo(&text))
+        .map_err(|e| LaunchError::Placement(format!("cannot read host memory from {MEMINFO}: {e}")))
+}
+
+/// `MemAvailable` and `MemTotal` of `/proc/meminfo`'s text (`MemTotal:  16384 kB`).
+fn host_from_meminfo(text: &str) -> Result<placement::DeviceInfo, String> {
+    let field = |key: &str| -> Result<u64, String> {
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .ok_or_else(|| format!("no {key} line"))?
+            .trim();
+        value
+            .strip_suffix("kB")
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .map(|kib| kib.saturating_mul(1024))
+            .ok_or_else(|| format!("{key} '{value}' is not a size in kB"))
+    };
+    Ok(placement::DeviceInfo {
+        name: "host".into(),
+        free_bytes: field("MemAvailable")?,
+        total_bytes: field("MemTotal")?,
+    })
+}
+
+/// Plans the model over `cards` and `host`; a plan that cannot fit is refused with the
+/// planner's message, which names the pool and every term.
+pub fn plan_placement(
+    cfg: &Config,
+    intent: &PlacementIntent,
+    inventory: &Inventory,
+    cards: &[cuda::DeviceInfo],
+    host: &placement::DeviceInfo,
+) -> Result<Plan, LaunchError> {
+    let devices: Vec<placement::DeviceInfo> = cards
+        .iter()
+        .map(|c| placement::DeviceInfo {
+            name: c.name.clone(),
+            free_bytes: c.free_bytes as u64,
+            total_bytes: c.total_bytes as u64,
+        })
+        .collect();
+    placement::plan(&PlanRequest {
+        intent,
+        inventory,
+        devices: &devices,
+        host,
+        context: context_request(cfg),
+        heat: None,
+    })
+    .map_err(|e| LaunchError::Placement(e.to_string()))
+}
+
+/// Where the engine serves the model: the card `gpu` names (an ordinal), as the plan indexes
+/// `cards`, or the host.
+fn engine_location(gpu: Option<usize>, cards: &[cuda::DeviceInfo]) -> Location {
+    gpu.and_then(|ordinal| cards.iter().position(|c| c.ordinal == ordinal))
+        .map_or(Location::Host, Location::Card)
+}
+
+/// The engine serves the whole model in one place (`at`): when the plan puts layers, weights or
+/// caches anywhere else, a warning that the split plan is shown but not executed. The input
+/// layer stays on the host in every plan and does not count.
+pub fn unexecuted_plan_warning(plan: &Plan, at: Location) -> Option<String> {
+    let executed = plan.output == at
+        && plan.layers.iter().all(|l| l.device == at && l.kv == at)
+        && plan
+            .tensors
+            .iter()
+            .all(|t| t.location == at || t.is_input());
+    if executed {
+        return None;
+    }
+    let serving = match at {
+        Location::Host => "the CPU".to_string(),
+        _ => plan.location_name(at),
+    };
+    let pools: Vec<&str> = plan.pools().iter().map(|p| p.name.as_str()).collect();
+    let planned = match pools[..] {
+        [one] => format!("placement on {one}"),
+        _ => format!("split over {}", pools.join(" + ")),
+    };
+    Some(format!(
+        "the engine serves the whole model on {serving}; the plan's {planned} is not executed yet"
+    ))
+}
+
+/// The plan's pools for the start screen, cards with their own names.
+fn memory_pools(plan: &Plan, cards: &[cuda::DeviceInfo]) -> Vec<service::MemoryPool> {
+    plan.pools()
+        .into_iter()
+        .map(|p| service::MemoryPool {
+            name: cards.iter().find(|c| c.name == p.name).map_or_else(
+                || p.name.clone(),
+                |c| format!("{} {}", c.name, c.description),
+            ),
+            total_bytes: p.total,
+            budget_bytes: p.limit(),
+            used_bytes: p.used(),
+        })
+        .collect()
+}
+
+/// The plan's groups for the start screen.
+fn placement_lines(plan: &Plan) -> Vec<service::Placement> {
+    plan.groups()
+        .into_iter()
+        .map(|g| service::Placement {
+            what: g.what,
+            location: g.location,
+            bytes: g.bytes,
+        })
+        .collect()
 }
 
 fn threads(n: i32) -> usize {
@@ -361,10 +522,18 @@ fn init_logging(cfg: &Config) {
 pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     init_logging(&cfg);
     let path = resolve_model(&cfg)?;
-    // Refuse a bad file by name before binding the port.
+    // Refuse a bad file, or a model that does not fit, by name before binding the port.
     let gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
-    let n_ctx_train = arch_int(&gguf, "context_length").unwrap_or(4096);
-    let shape = slot_shape(&cfg, n_ctx_train);
+    let inventory = Inventory::from_gguf(&gguf, &cfg.model.override_kv)
+        .map_err(|e| LaunchError::Model(e.to_string()))?;
+    let cards = cuda::device::list().unwrap_or_else(|e| {
+        log::warn!("no CUDA card can be used ({e}); serving on the CPU");
+        Vec::new()
+    });
+    let plan = plan_placement(&cfg, &intent, &inventory, &cards, &host_memory()?)?;
+    log::info!("{}", plan.to_string().trim_end());
+    let n_ctx_train = inventory.n_ctx_train as usize;
+    let shape = slot_shape(&cfg, plan.n_ctx as usize, n_ctx_train);
     let params = server_params(&cfg, shape);
     let address = format!("http://{}:{}", params.host, params.port);
     let signals = service::StopSignals::install().map_err(LaunchError::Io)?;
@@ -373,12 +542,11 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
 
     let vocab = Vocab::from_gguf(&gguf).map_err(|e| LaunchError::Model(e.to_string()))?;
     let chat = chat_templates(&cfg, &gguf, &vocab)?;
-    let cards = crate::backend::cuda::device::list().unwrap_or_else(|e| {
-        log::warn!("no CUDA card can be used ({e}); serving on the CPU");
-        Vec::new()
-    });
     let mut params = engine_params(&cfg, &intent, shape);
     params.gpu = whole_model_card(&intent, &cards, arch_int(&gguf, "block_count").unwrap_or(0));
+    if let Some(warning) = unexecuted_plan_warning(&plan, engine_location(params.gpu, &cards)) {
+        log::warn!("{warning}");
+    }
     let engine = engine::load(&gguf, &params).map_err(|e| LaunchError::Engine(e.to_string()))?;
     let info = model_info(&cfg, &path, &gguf, &vocab, n_ctx_train);
     let screen = service::StartInfo {
@@ -390,8 +558,8 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
         address,
         slots: shape.n_parallel as u32,
         context: shape.n_ctx as u32,
-        memory: Vec::new(),
-        placement: Vec::new(),
+        memory: memory_pools(&plan, &cards),
+        placement: placement_lines(&plan),
     };
     server
         .attach(engine, Arc::new(vocab), Arc::new(chat), info)
@@ -454,18 +622,184 @@ mod tests {
 
     #[test]
     fn slots_follow_upstream_sizing() {
-        // auto parallel: 4 slots over a unified pool of the training context
-        let s = slot_shape(&cfg(&[]), 32768);
+        // auto parallel: 4 slots over a unified pool
+        let s = slot_shape(&cfg(&[]), 32768, 32768);
         assert_eq!((s.n_parallel, s.n_ctx, s.n_ctx_slot), (4, 32768, 32768));
         // explicit parallel divides the context
-        let s = slot_shape(&cfg(&["-c", "8192", "-np", "2"]), 32768);
+        let s = slot_shape(&cfg(&["-c", "8192", "-np", "2"]), 8192, 32768);
         assert_eq!((s.n_parallel, s.n_ctx, s.n_ctx_slot), (2, 8192, 4096));
         // a slot never exceeds the training context
-        let s = slot_shape(&cfg(&["-c", "65536", "-np", "1"]), 32768);
+        let s = slot_shape(&cfg(&["-c", "65536", "-np", "1"]), 65536, 32768);
         assert_eq!(s.n_ctx_slot, 32768);
-        // --kv-unified-per-slot sizes the pool when -c is absent and caps each slot
-        let s = slot_shape(&cfg(&["-np", "2", "--kv-unified-per-slot", "1000"]), 32768);
+        // --kv-unified-per-slot caps each slot
+        let s = slot_shape(
+            &cfg(&["-np", "2", "--kv-unified-per-slot", "1000"]),
+            2000,
+            32768,
+        );
         assert_eq!((s.n_ctx, s.n_ctx_slot), (2000, 1000));
+    }
+
+    #[test]
+    fn the_planner_is_asked_for_the_context_the_flags_give() {
+        let ask = |args: &[&str]| context_request(&cfg(args));
+        let auto = ask(&[]);
+        assert_eq!(
+            (auto.n_ctx, auto.n_seq, auto.kv_unified),
+            (0, 4, true),
+            "unset: --fit may choose"
+        );
+        let c = ask(&["-c", "8192", "-np", "2", "-ub", "256", "--swa-full"]);
+        assert_eq!(
+            (c.n_ctx, c.n_seq, c.kv_unified, c.swa_full, c.n_ubatch),
+            (8192, 2, false, true, 256)
+        );
+        assert_eq!(
+            ask(&["-np", "2", "--kv-unified-per-slot", "1000"]).n_ctx,
+            2000
+        );
+    }
+
+    #[test]
+    fn host_memory_reads_meminfo() {
+        let text = "MemTotal:       24576000 kB\nMemFree:  100 kB\nMemAvailable:   16384000 kB\n";
+        let host = host_from_meminfo(text).unwrap();
+        assert_eq!(
+            (host.free_bytes, host.total_bytes),
+            (16_384_000 * 1024, 24_576_000 * 1024)
+        );
+        let err = host_from_meminfo("MemTotal: 1 kB\n").unwrap_err();
+        assert_eq!(err, "no MemAvailable line");
+        let err = host_from_meminfo("MemTotal: lots\nMemAvailable: 1 kB\n").unwrap_err();
+        assert_eq!(err, "MemTotal 'lots' is not a size in kB");
+        assert!(host_memory().is_ok(), "this host has {MEMINFO}");
+    }
+
+    /// Two layers of 256 MiB, a 64 MiB output, 32 MiB embeddings; 1 KiB of f16 KV per token
+    /// and layer.
+    fn inventory() -> Inventory {
+        use crate::placement::{LayerKv, TensorEntry};
+        const MIB: u64 = 1 << 20;
+        let tensors = vec![
+            TensorEntry::new("token_embd.weight", 32 * MIB),
+            TensorEntry::new("output.weight", 64 * MIB),
+            TensorEntry::new("blk.0.attn_q.weight", 256 * MIB),
+            TensorEntry::new("blk.1.attn_q.weight", 256 * MIB),
+        ];
+        let kv = LayerKv {
+            k: 256,
+            v: 256,
+            window: None,
+        };
+        Inventory {
+            tensors,
+            n_layer: 2,
+            n_expert: 0,
+            n_ctx_train: 8192,
+            kv: vec![kv; 2],
+            tied_output_bytes: 0,
+            n_embd: 64,
+            n_vocab: 1000,
+            n_ff_active: 256,
+        }
+    }
+
+    fn card(free_mib: usize) -> cuda::DeviceInfo {
+        cuda::DeviceInfo {
+            ordinal: 0,
+            name: "CUDA0".into(),
+            description: "test card".into(),
+            free_bytes: free_mib << 20,
+            total_bytes: free_mib << 20,
+            compute_capability: (9, 0),
+        }
+    }
+
+    fn host(free_mib: u64) -> placement::DeviceInfo {
+        placement::DeviceInfo {
+            name: "host".into(),
+            free_bytes: free_mib << 20,
+            total_bytes: free_mib << 20,
+        }
+    }
+
+    fn planned(args: &[&str], cards: &[cuda::DeviceInfo], host_mib: u64) -> Result<Plan, String> {
+        plan_placement(
+            &cfg(args),
+            &intent(args),
+            &inventory(),
+            cards,
+            &host(host_mib),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_plan_that_cannot_fit_is_refused_with_every_term() {
+        let err = planned(&["--fit", "off", "-c", "4096"], &[card(512)], 1 << 16).unwrap_err();
+        assert!(
+            err.starts_with("the model does not fit on CUDA0: weights 576.0 MiB + KV 8.0 MiB (context 4096 tokens, K f16 V f16) + scratch "),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("but free 512.0 MiB less margin 0.0 MiB leaves 512.0 MiB"),
+            "{err}"
+        );
+        let err = planned(&["-c", "4096"], &[], 512).unwrap_err();
+        assert!(
+            err.starts_with("the model does not fit on host: weights 608.0 MiB + KV 8.0 MiB"),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("but free 512.0 MiB less margin 1.00 GiB leaves 0.0 MiB"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn fit_shrinks_the_context_the_slots_then_share() {
+        // 2 KiB of KV per token: beside the 1 GiB margin, 608 MiB of weights and 4 MiB of
+        // scratch, the host holds 11 MiB of KV, 5632 tokens (22 x 256) of the 8192 trained
+        let p = planned(&[], &[], 1024 + 608 + 4 + 11).unwrap();
+        assert_eq!(p.n_ctx, 5632);
+        let s = slot_shape(&cfg(&[]), p.n_ctx as usize, 8192);
+        assert_eq!((s.n_ctx, s.n_ctx_slot), (5632, 5632));
+    }
+
+    #[test]
+    fn the_screen_shows_the_plan_and_warns_when_the_engine_serves_it_whole() {
+        let cards = [card(4096)];
+        let p = planned(&["-ngl", "1"], &cards, 1 << 16).unwrap();
+        let pools = memory_pools(&p, &cards);
+        assert_eq!(pools[0].name, "CUDA0 test card");
+        assert_eq!(pools[0].budget_bytes, 3 << 30, "free less the 1 GiB margin");
+        assert_eq!(pools.last().map(|m| m.name.as_str()), Some("host"));
+        let lines = placement_lines(&p);
+        assert!(lines
+            .iter()
+            .any(|l| l.what == "output" && l.location == "CUDA0" && l.bytes == 64 << 20));
+        assert!(lines
+            .iter()
+            .any(|l| l.what == "layers 0-1 dense" && l.location == "host"));
+        // -ngl 1 puts the output on the card; the engine serves all of it on the CPU
+        assert_eq!(
+            unexecuted_plan_warning(&p, Location::Host).as_deref(),
+            Some("the engine serves the whole model on the CPU; the plan's split over CUDA0 + host is not executed yet")
+        );
+        assert!(
+            unexecuted_plan_warning(&p, Location::Card(0)).is_some(),
+            "layers on the host"
+        );
+        let host_only = planned(&["-dev", "none"], &cards, 1 << 16).unwrap();
+        assert_eq!(
+            unexecuted_plan_warning(&host_only, Location::Card(0)).as_deref(),
+            Some("the engine serves the whole model on CUDA0; the plan's placement on host is not executed yet")
+        );
+        let whole = planned(&[], &cards, 1 << 16).unwrap();
+        assert_eq!(unexecuted_plan_warning(&whole, Location::Card(0)), None);
+        assert_eq!(unexecuted_plan_warning(&host_only, Location::Host), None);
+        assert_eq!(engine_location(Some(0), &cards), Location::Card(0));
+        assert_eq!(engine_location(None, &cards), Location::Host);
     }
 
     #[test]
@@ -473,7 +807,7 @@ mod tests {
         let c = cfg(&[
             "--port", "9123", "-t", "3", "-ub", "64", "--temp", "0.5", "-ctk", "q8_0", "-n", "17",
         ]);
-        let shape = slot_shape(&c, 2048);
+        let shape = slot_shape(&c, 2048, 2048);
         let p = server_params(&c, shape);
         assert_eq!(p.port, 9123);
         assert_eq!(p.n_ubatch, 64);

@@ -109,7 +109,7 @@ pub enum Place {
     /// `a`: the planner chooses cards and split.
     #[default]
     Auto,
-    /// `bp`: layers split over every card in proportion to its budget (balanced pipeline).
+    /// `bp` (balanced pipeline): attention on the larger of two cards, experts on the other.
     BalancedPipeline,
     /// `0+1`: exactly these card indices.
     Cards(Vec<u32>),

@@ -1930,7 +1930,7 @@ fn existing_dir(v: &str) -> Result<String, Refusal> {
 }
 
 static BLOOMERY: &[Opt] = &[
-    text(&["--place"], "a|bp|N+M", "bloomery: where the model goes: a = the planner decides, bp = layers over every card in proportion to its budget, 0+1 = only these cards (default: a)", |p, v| {
+    text(&["--place"], "a|bp|N+M", "bloomery: where the model goes: a = the planner decides; bp = attention on the larger of two cards, experts on the other; 0+1 = only these cards (default: a)", |p, v| {
         p.placement.place = p.sourced(place(v)?);
         Ok(())
     })

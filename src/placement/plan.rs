@@ -23,6 +23,14 @@ pub struct TensorPlan {
     pub location: Location,
 }
 
+impl TensorPlan {
+    /// Upstream's input layer (token, position, token-type and per-layer embeddings), which
+    /// always stays on the host.
+    pub fn is_input(&self) -> bool {
+        self.layer.is_none() && is_input_name(&self.name)
+    }
+}
+
 /// Experts of one layer that have a copy on a card, beside their home tensor (host or disk).
 /// When every expert is listed, the layer's expert tensors live on that card outright.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -141,11 +149,7 @@ impl Plan {
                 });
             }
         };
-        let input: Vec<&TensorPlan> = self
-            .tensors
-            .iter()
-            .filter(|t| t.layer.is_none() && !is_output(t))
-            .collect();
+        let input: Vec<&TensorPlan> = self.tensors.iter().filter(|t| t.is_input()).collect();
         for at in locations(input.iter().map(|t| t.location)) {
             push(
                 "token embeddings".into(),
@@ -209,7 +213,7 @@ impl Plan {
 }
 
 fn is_output(t: &TensorPlan) -> bool {
-    t.layer.is_none() && !is_input_name(&t.name)
+    t.layer.is_none() && !t.is_input()
 }
 
 fn sum<'a>(ts: impl Iterator<Item = &'a &'a TensorPlan>) -> u64 {

@@ -5,10 +5,11 @@
 /// One memory pool the planner filled: a card, or host memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryPool {
-    /// `card 0 NVIDIA H200`, `host`.
+    /// `CUDA0 NVIDIA H200`, `host`.
     pub name: String,
     pub total_bytes: u64,
-    /// What the planner allowed itself (after `--fit` margins and `-ts` splits).
+    /// What the planner allowed itself: free memory less the `--fit` margin, capped by the
+    /// card budget.
     pub budget_bytes: u64,
     pub used_bytes: u64,
 }
@@ -16,9 +17,9 @@ pub struct MemoryPool {
 /// One line of the plan: a group of tensors and where it sits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placement {
-    /// `layers 0-23 attention`, `experts (hot, 1 536)`, `token_embd + output`.
+    /// `layers 0-23 dense`, `96 expert copies`, `token embeddings`.
     pub what: String,
-    /// `card 0`, `host`, `disk (mmap)`.
+    /// `CUDA0`, `host`, `disk (mmap)`.
     pub location: String,
     pub bytes: u64,
 }
