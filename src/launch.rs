@@ -302,17 +302,11 @@ pub fn whole_model_card(
             cards.get(mg).or(cards.first())?.ordinal
         }
     };
+    // a partial -ngl serves on the CPU; the plan's warning at start says so
     match intent.n_gpu_layers.value {
         GpuLayers::Auto | GpuLayers::All => Some(ordinal),
         GpuLayers::Count(n) if n as usize > n_layer => Some(ordinal),
-        GpuLayers::Count(0) => None,
-        GpuLayers::Count(n) => {
-            log::warn!(
-                "-ngl {n} of {} layers: splitting layers between card and host is not built yet; serving on the CPU",
-                n_layer + 1
-            );
-            None
-        }
+        GpuLayers::Count(_) => None,
     }
 }
 
