@@ -9,7 +9,7 @@ use super::model::{Ffn, Weights};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
 use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
-use crate::backend::cuda::{Buf, Cuda, CudaError, DevBuf, DevMatrix, Graph};
+use crate::backend::cuda::{Buf, Cuda, CudaError, DevBuf, DevMatrix, Graph, RowMove};
 use crate::model::GgmlType;
 
 impl From<CudaError> for EngineError {
@@ -313,34 +313,13 @@ impl GpuModel {
         Ok(model)
     }
 
-    /// Refuses a batch before anything runs: lengths, vocabulary, sequences, and positions that
-    /// must continue each sequence without a gap inside its context.
+    /// Refuses a batch before anything runs: its shape, and positions that must continue each
+    /// sequence without a gap inside its context.
     fn check(&self, batch: &Batch) -> Result<(), EngineError> {
-        let n = batch.tokens.len();
-        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
-            return Err(EngineError::BadBatch(format!(
-                "lengths differ: {} tokens, {} positions, {} sequence ids, {} logits flags",
-                n,
-                batch.pos.len(),
-                batch.seq.len(),
-                batch.logits.len()
-            )));
-        }
+        batch.check_shape(self.n_vocab, self.seq_len.len())?;
         let mut len = self.seq_len.clone();
-        for i in 0..n {
-            let (tok, s, p) = (batch.tokens[i], batch.seq[i] as usize, batch.pos[i]);
-            if tok as usize >= self.n_vocab {
-                return Err(EngineError::BadBatch(format!(
-                    "token {tok} at entry {i} is outside the vocabulary of {}",
-                    self.n_vocab
-                )));
-            }
-            if s >= len.len() {
-                return Err(EngineError::BadBatch(format!(
-                    "sequence {s} at entry {i}: only {} sequences were allocated",
-                    len.len()
-                )));
-            }
+        for i in 0..batch.len() {
+            let (s, p) = (batch.seq[i] as usize, batch.pos[i]);
             if p as usize >= self.n_ctx_seq {
                 return Err(EngineError::NoSpace {
                     seq: s as SeqId,
@@ -404,7 +383,14 @@ impl GpuModel {
         }
         let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         let nw = wanted.len();
-        c.gather_rows(s.x.ptr(), s.ints.at(4 * 4 * n), s.cur.ptr(), e, nw)?;
+        c.move_rows(
+            RowMove::Gather,
+            s.x.ptr(),
+            s.ints.at(4 * 4 * n),
+            s.cur.ptr(),
+            e,
+            nw,
+        )?;
         c.rms_norm(
             s.cur.ptr(),
             self.output_norm.ptr(),
@@ -613,7 +599,7 @@ fn moe(
     c.gpu.upload(tok_lists, host)?;
     let rows = ne * m;
     let x16 = c.buf(Buf::X16, rows * e * 2)?;
-    c.gather_f16(s.cur.ptr(), tok_lists, x16, e, rows)?;
+    c.move_rows(RowMove::GatherF16, s.cur.ptr(), tok_lists, x16, e, rows)?;
     let g = c.buf(Buf::MoeGate, rows * nf * 4)?;
     let u = c.buf(Buf::MoeUp, rows * nf * 4)?;
     c.matmul_experts(gate, x16, m, g)?;
@@ -623,7 +609,7 @@ fn moe(
     c.to_f16(g, g16, rows * nf)?;
     let y = c.buf(Buf::MoeOut, rows * e * 4)?;
     c.matmul_experts(down, g16, m, y)?;
-    c.scatter_rows(y, pair_lists, s.moe_y.ptr(), e, rows)?;
+    c.move_rows(RowMove::Scatter, y, pair_lists, s.moe_y.ptr(), e, rows)?;
     c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
 }
 

@@ -46,6 +46,37 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
+
+    /// Refuses a batch whose columns differ in length, or that names a token outside the
+    /// vocabulary or a sequence that was not allocated: the checks every backend makes before
+    /// anything runs.
+    pub fn check_shape(&self, n_vocab: usize, n_seq_max: usize) -> Result<(), EngineError> {
+        let n = self.tokens.len();
+        if self.pos.len() != n || self.seq.len() != n || self.logits.len() != n {
+            return Err(EngineError::BadBatch(format!(
+                "lengths differ: {} tokens, {} positions, {} sequence ids, {} logits flags",
+                n,
+                self.pos.len(),
+                self.seq.len(),
+                self.logits.len()
+            )));
+        }
+        for i in 0..n {
+            if self.tokens[i] as usize >= n_vocab {
+                return Err(EngineError::BadBatch(format!(
+                    "token {} at entry {i} is outside the vocabulary of {n_vocab}",
+                    self.tokens[i]
+                )));
+            }
+            if self.seq[i] as usize >= n_seq_max {
+                return Err(EngineError::BadBatch(format!(
+                    "sequence {} at entry {i}: only {n_seq_max} sequences were allocated",
+                    self.seq[i]
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -213,31 +213,8 @@ impl Model {
     }
 
     fn check(&self, batch: &Batch) -> Result<(), EngineError> {
+        batch.check_shape(self.w.n_vocab, self.kv.n_seq_max())?;
         let n = batch.tokens.len();
-        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
-            return Err(EngineError::BadBatch(format!(
-                "lengths differ: {} tokens, {} positions, {} sequence ids, {} logits flags",
-                n,
-                batch.pos.len(),
-                batch.seq.len(),
-                batch.logits.len()
-            )));
-        }
-        for i in 0..n {
-            if batch.tokens[i] as usize >= self.w.n_vocab {
-                return Err(EngineError::BadBatch(format!(
-                    "token {} at entry {i} is outside the vocabulary of {}",
-                    batch.tokens[i], self.w.n_vocab
-                )));
-            }
-            if batch.seq[i] as usize >= self.kv.n_seq_max() {
-                return Err(EngineError::BadBatch(format!(
-                    "sequence {} at entry {i}: only {} sequences were allocated",
-                    batch.seq[i],
-                    self.kv.n_seq_max()
-                )));
-            }
-        }
         // room: new positions per sequence, counted before anything is written
         let mut seqs: Vec<SeqId> = batch.seq.clone();
         seqs.sort_unstable();

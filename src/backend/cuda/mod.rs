@@ -8,4 +8,4 @@ pub mod device;
 pub mod ops;
 
 pub use device::{CudaError, DevBuf, DeviceInfo, Gemm, Gpu, Graph};
-pub use ops::{Buf, Cuda, DevMatrix};
+pub use ops::{Buf, Cuda, DevMatrix, RowMove};

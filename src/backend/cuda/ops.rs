@@ -89,6 +89,17 @@ struct Fns {
     attn: CudaFunction,
 }
 
+/// How [`Cuda::move_rows`] uses its index list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowMove {
+    /// `out[j] = x[idx[j]]`.
+    Gather,
+    /// `out[idx[j]] = x[j]`, skipping `idx[j] < 0` (padding).
+    Scatter,
+    /// `out[j] = f16(x[idx[j]])`, zero rows where `idx[j] < 0`.
+    GatherF16,
+}
+
 /// Scratch buffers that grow to the largest request and are reused between operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buf {
@@ -429,6 +440,26 @@ impl Cuda {
         self.gpu.launch(f, (blocks(n, 256), 1, 1), 256, 0, args)
     }
 
+    /// A kernel with one thread per element of `n` rows of `width`, in blocks of 256 across a
+    /// row; rows on grid.y, or on grid.x when `rows_in_x` (grid.y stops at 65535 and a padded
+    /// expert group can be longer).
+    fn per_row(
+        &self,
+        f: &CudaFunction,
+        width: usize,
+        n: usize,
+        rows_in_x: bool,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        let (across, rows) = (blocks(width, 256), n as u32);
+        let grid = if rows_in_x {
+            (rows, across, 1)
+        } else {
+            (across, rows, 1)
+        };
+        self.gpu.launch(f, grid, 256, 0, args)
+    }
+
     /// `x += y` over `n` floats.
     pub fn add(&self, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
         self.elementwise(
@@ -493,11 +524,11 @@ impl Cuda {
         width: usize,
         n: usize,
     ) -> Result<(), CudaError> {
-        self.gpu.launch(
+        self.per_row(
             &self.f.kv_store,
-            (blocks(width, 256), n as u32, 1),
-            256,
-            0,
+            width,
+            n,
+            false,
             &[
                 Arg::Ptr(src),
                 Arg::Ptr(cache),
@@ -507,56 +538,27 @@ impl Cuda {
         )
     }
 
-    /// `out[j] = x[idx[j]]` for `n` rows of `width`.
-    pub fn gather_rows(
+    /// Moves `n` rows of `width` between `x` and `out` through the index list `idx` (see
+    /// [`RowMove`]).
+    pub fn move_rows(
         &self,
+        how: RowMove,
         x: u64,
         idx: u64,
         out: u64,
         width: usize,
         n: usize,
     ) -> Result<(), CudaError> {
-        self.gpu.launch(
-            &self.f.gather_rows,
-            (blocks(width, 256), n as u32, 1),
-            256,
-            0,
-            &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
-        )
-    }
-
-    /// `out[idx[j]] = x[j]` for `n` rows of `width`, skipping rows with `idx[j] < 0`.
-    pub fn scatter_rows(
-        &self,
-        x: u64,
-        idx: u64,
-        out: u64,
-        width: usize,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        self.gpu.launch(
-            &self.f.scatter_rows,
-            (n as u32, blocks(width, 256), 1),
-            256,
-            0,
-            &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
-        )
-    }
-
-    /// `out[j] = f16(x[idx[j]])`, zero rows where `idx[j] < 0`.
-    pub fn gather_f16(
-        &self,
-        x: u64,
-        idx: u64,
-        out: u64,
-        width: usize,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        self.gpu.launch(
-            &self.f.gather_f16,
-            (n as u32, blocks(width, 256), 1),
-            256,
-            0,
+        let (f, rows_in_x) = match how {
+            RowMove::Gather => (&self.f.gather_rows, false),
+            RowMove::Scatter => (&self.f.scatter_rows, true),
+            RowMove::GatherF16 => (&self.f.gather_f16, true),
+        };
+        self.per_row(
+            f,
+            width,
+            n,
+            rows_in_x,
             &[Arg::Ptr(x), Arg::Ptr(idx), Arg::Ptr(out), i32_of(width)],
         )
     }
@@ -685,11 +687,11 @@ impl Cuda {
         k: usize,
         width: usize,
     ) -> Result<(), CudaError> {
-        self.gpu.launch(
+        self.per_row(
             &self.f.moe_combine,
-            (blocks(width, 256), n as u32, 1),
-            256,
-            0,
+            width,
+            n,
+            false,
             &[
                 Arg::Ptr(y),
                 Arg::Ptr(w),
