@@ -517,7 +517,9 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     init_logging(&cfg);
     let path = resolve_model(&cfg)?;
     // Refuse a bad file, or a model that does not fit, by name before binding the port.
-    let gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
+    let mut gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
+    // --override-kv: every reader below sees the overridden values
+    crate::model::apply_overrides(&mut gguf.metadata, &cfg.model.override_kv);
     let inventory = Inventory::from_gguf(&gguf, &cfg.model.override_kv)
         .map_err(|e| LaunchError::Model(e.to_string()))?;
     let cards = cuda::device::list().unwrap_or_else(|e| {
@@ -552,6 +554,7 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
         address,
         slots: shape.n_parallel as u32,
         context: shape.n_ctx as u32,
+        context_per_slot: shape.n_ctx_slot as u32,
         memory: memory_pools(&plan, &cards),
         placement: placement_lines(&plan),
     };

@@ -90,12 +90,12 @@ fn a_plan_that_does_not_fit_is_refused_before_the_port_is_bound() {
     let _ = std::fs::remove_dir_all(model.parent().unwrap());
 }
 
-#[test]
-fn the_plan_is_logged_and_shown_on_the_start_screen() {
-    let vocab = or_skip!(vocab());
-    let model = tiny_llama(&vocab, "show");
+/// The start-up lines of the real binary serving `model` with `args`, up to the start screen's
+/// context line; the server is stopped after.
+fn start_lines(model: &Path, args: &[&str]) -> Vec<String> {
     let mut child = Command::new(OURS)
-        .args(["-m", model.to_str().unwrap(), "-c", "1024", "-np", "2"])
+        .args(["-m", model.to_str().unwrap()])
+        .args(args)
         .args(["--port", &free_port().to_string()])
         .env("CUDA_VISIBLE_DEVICES", "")
         .stdin(Stdio::null())
@@ -124,6 +124,38 @@ fn the_plan_is_logged_and_shown_on_the_start_screen() {
     }
     let _ = child.kill();
     let _ = child.wait();
+    lines
+}
+
+#[test]
+fn metadata_overrides_reach_the_served_model() {
+    let vocab = or_skip!(vocab());
+    let model = tiny_llama(&vocab, "override");
+    // -c 0 takes the training context, which the override shortens from 4096; the slots share
+    // one pool, so each may use all of it
+    let lines = start_lines(
+        &model,
+        &["-c", "0", "--override-kv", "llama.context_length=int:1536"],
+    );
+    let text = lines.join("\n");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "context: 1536 tokens (1536 per slot)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("metadata overrides"),
+        "no longer a pending feature: {text}"
+    );
+    let _ = std::fs::remove_dir_all(model.parent().unwrap());
+}
+
+#[test]
+fn the_plan_is_logged_and_shown_on_the_start_screen() {
+    let vocab = or_skip!(vocab());
+    let model = tiny_llama(&vocab, "show");
+    let lines = start_lines(&model, &["-c", "1024", "-np", "2"]);
     let text = lines.join("\n");
     let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
     assert!(has("context: 1024 tokens (512 per slot)"), "{text}");

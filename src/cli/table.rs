@@ -767,8 +767,7 @@ static COMMON: &[Opt] = &[
             p.config.model.override_kv.push(kv);
         }
         Ok(())
-    })
-    .pending("metadata overrides"),
+    }),
     toggle(&["--op-offload"], &["--no-op-offload"], "run host-resident tensor operations on a device (default: true)", |p, v| {
         p.placement.op_offload = p.sourced(v);
         Ok(())

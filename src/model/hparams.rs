@@ -117,6 +117,47 @@ impl KvOverride {
     }
 }
 
+/// Writes `overrides` into a file's metadata so every reader (engine, tokenizer, chat template,
+/// placement) sees them, with llama.cpp's loader rules: an override replaces a key of its own kind
+/// (`int` any integer key, `float` a float key, `bool`, `str`) or adds a missing key; one of another
+/// kind is ignored with the loader's warning.
+pub fn apply_overrides(metadata: &mut BTreeMap<String, MetaValue>, overrides: &[KvOverride]) {
+    for o in overrides {
+        let kind = |v: &MetaValue| match v {
+            MetaValue::U8(_)
+            | MetaValue::I8(_)
+            | MetaValue::U16(_)
+            | MetaValue::I16(_)
+            | MetaValue::U32(_)
+            | MetaValue::I32(_)
+            | MetaValue::U64(_)
+            | MetaValue::I64(_) => "int",
+            MetaValue::F32(_) | MetaValue::F64(_) => "float",
+            MetaValue::Bool(_) => "bool",
+            MetaValue::String(_) => "str",
+            MetaValue::Array(..) => "array",
+        };
+        if let Some(old) = metadata.get(&o.key) {
+            if kind(old) != o.value.type_name() {
+                log::warn!(
+                    "bad metadata override type for key '{}', expected {} but got {}",
+                    o.key,
+                    kind(old),
+                    o.value.type_name()
+                );
+                continue;
+            }
+        }
+        let value = match &o.value {
+            OverrideValue::Int(v) => MetaValue::I64(*v),
+            OverrideValue::Float(v) => MetaValue::F64(*v),
+            OverrideValue::Bool(v) => MetaValue::Bool(*v),
+            OverrideValue::Str(v) => MetaValue::String(v.clone()),
+        };
+        metadata.insert(o.key.clone(), value);
+    }
+}
+
 /// Metadata with overrides on top. A typed read of a key with an override of that type gets the
 /// override (even when the file lacks the key); an override of another type is ignored with a
 /// warning, as llama.cpp's loader does.
@@ -436,6 +477,26 @@ pub fn served_architecture(meta: &Metadata) -> Result<String, ModelError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn overrides_written_into_the_file_follow_the_loaders_kinds() {
+        let mut m = BTreeMap::new();
+        m.insert("a.block_count".to_string(), MetaValue::U32(24));
+        m.insert("a.flag".to_string(), MetaValue::Bool(true));
+        let parse = |s: &str| KvOverride::parse(s).unwrap();
+        apply_overrides(
+            &mut m,
+            &[
+                parse("a.block_count=int:12"),
+                parse("a.flag=int:0"),
+                parse("a.new=float:0.5"),
+            ],
+        );
+        assert_eq!(m["a.block_count"].as_i64(), Some(12));
+        assert_eq!(m["a.flag"], MetaValue::Bool(true), "wrong kind: ignored");
+        assert_eq!(m["a.new"].as_f64(), Some(0.5));
+    }
+
     use super::*;
 
     #[test]

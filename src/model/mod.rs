@@ -16,5 +16,5 @@ pub mod writer;
 pub use error::ModelError;
 pub use ftype::file_type_name;
 pub use gguf::{GgufFile, MetaType, MetaValue, TensorInfo};
-pub use hparams::{Hparams, KvOverride, Metadata, OverrideValue};
+pub use hparams::{apply_overrides, Hparams, KvOverride, Metadata, OverrideValue};
 pub use types::GgmlType;

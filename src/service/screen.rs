@@ -34,8 +34,11 @@ pub struct StartInfo {
     /// `http://127.0.0.1:8080`.
     pub address: String,
     pub slots: u32,
-    /// Context tokens in total, shared by the slots.
+    /// Context tokens in total.
     pub context: u32,
+    /// Tokens one slot may hold: the whole pool when the slots share one (`--kv-unified`, the
+    /// default with auto `--parallel`), else the pool's share.
+    pub context_per_slot: u32,
     pub memory: Vec<MemoryPool>,
     pub placement: Vec<Placement>,
 }
@@ -83,8 +86,7 @@ pub fn start_lines(info: &StartInfo) -> Vec<String> {
     lines.push(format!("slots: {}", info.slots));
     lines.push(format!(
         "context: {} tokens ({} per slot)",
-        info.context,
-        info.context / info.slots.max(1)
+        info.context, info.context_per_slot
     ));
     lines
 }
@@ -352,7 +354,7 @@ fn placement_rows(info: &StartInfo, colour: bool) -> Vec<(String, String)> {
 }
 
 fn serving_rows(info: &StartInfo, colour: bool) -> Vec<(String, String)> {
-    let per_slot = info.context / info.slots.max(1);
+    let per_slot = info.context_per_slot;
     [
         ("address", info.address.clone()),
         (
@@ -425,6 +427,7 @@ mod tests {
             address: "http://127.0.0.1:8080".into(),
             slots: 4,
             context: 32768,
+            context_per_slot: 8192,
             memory: vec![
                 MemoryPool {
                     name: "card 0 NVIDIA H200".into(),
