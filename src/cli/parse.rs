@@ -89,7 +89,14 @@ impl Parsed {
                 (hub::format_cache_list(&models), String::new())
             }
             Exit::CompletionBash => (docs::completion_bash(), String::new()),
-            Exit::ListDevices => ("Available devices:\n  (none)\n".to_string(), String::new()),
+            Exit::ListDevices => {
+                use crate::backend::cuda::device;
+                let cards = device::list().unwrap_or_else(|e| {
+                    log::warn!("no CUDA card can be used: {e}");
+                    Vec::new()
+                });
+                (device::list_text(&cards), String::new())
+            }
             Exit::PrintConfig => (self.config_json() + "\n", String::new()),
             Exit::Generate(kind) => (docs::generate(kind), String::new()),
         };

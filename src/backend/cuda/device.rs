@@ -70,6 +70,24 @@ pub fn list() -> Result<Vec<DeviceInfo>, CudaError> {
     Ok(out)
 }
 
+/// `--list-devices` as llama-server prints it: `  CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)`.
+pub fn list_text(cards: &[DeviceInfo]) -> String {
+    let mut s = String::from("Available devices:\n");
+    if cards.is_empty() {
+        s.push_str("  (none)\n");
+    }
+    for c in cards {
+        s.push_str(&format!(
+            "  {}: {} ({} MiB, {} MiB free)\n",
+            c.name,
+            c.description,
+            c.total_bytes >> 20,
+            c.free_bytes >> 20
+        ));
+    }
+    s
+}
+
 /// The driver's CUDA version as `major * 1000 + minor * 10` (13000 for 13.0).
 pub fn driver_version() -> Result<i32, CudaError> {
     let mut v = 0;
@@ -414,5 +432,27 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         // SAFETY: created in `open`, destroyed once.
         let _ = unsafe { blas::destroy_handle(self.blas) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_are_listed_as_llama_server_lists_them() {
+        assert_eq!(list_text(&[]), "Available devices:\n  (none)\n");
+        let card = DeviceInfo {
+            ordinal: 0,
+            name: "CUDA0".into(),
+            description: "NVIDIA H200".into(),
+            free_bytes: 142_629 << 20,
+            total_bytes: 143_155 << 20,
+            compute_capability: (9, 0),
+        };
+        assert_eq!(
+            list_text(&[card]),
+            "Available devices:\n  CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)\n"
+        );
     }
 }
