@@ -539,7 +539,10 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let vocab = Vocab::from_gguf(&gguf).map_err(|e| LaunchError::Model(e.to_string()))?;
     let chat = chat_templates(&cfg, &gguf, &vocab)?;
     let mut params = engine_params(&cfg, &intent, shape);
-    params.gpu = whole_model_card(&intent, &cards, arch_int(&gguf, "block_count").unwrap_or(0));
+    // the card serves only a plan that keeps everything there (one that does not fit the card
+    // was planned onto card and host, which the engine does not execute yet)
+    params.gpu = whole_model_card(&intent, &cards, arch_int(&gguf, "block_count").unwrap_or(0))
+        .filter(|&c| unexecuted_plan_warning(&plan, engine_location(Some(c), &cards)).is_none());
     if let Some(warning) = unexecuted_plan_warning(&plan, engine_location(params.gpu, &cards)) {
         log::warn!("{warning}");
     }

@@ -160,8 +160,16 @@ fn opt_f32(cuda: &Cuda, v: &Option<Vec<f32>>) -> Result<Option<DevBuf>, EngineEr
     })
 }
 
-/// Why the card cannot serve these weights, if it cannot (checked before any upload).
-pub fn unsupported(w: &Weights, hp: &Hparams) -> Option<String> {
+/// Why the card cannot serve these weights with these parameters, if it cannot (checked before
+/// any upload).
+pub fn unsupported(w: &Weights, hp: &Hparams, params: &EngineParams) -> Option<String> {
+    if params.type_k != GgmlType::F16 || params.type_v != GgmlType::F16 {
+        return Some(format!(
+            "the CUDA engine keeps its KV cache in f16; -ctk {} -ctv {} are not built for it yet",
+            params.type_k.name(),
+            params.type_v.name()
+        ));
+    }
     let mut types: Vec<(String, GgmlType)> = vec![("token_embd.weight".into(), w.tok_embd.ty)];
     if let Some(o) = &w.output {
         types.push((o.name.clone(), o.ty));
@@ -210,13 +218,6 @@ impl GpuModel {
         params: &EngineParams,
         cuda: Cuda,
     ) -> Result<GpuModel, EngineError> {
-        if params.type_k != GgmlType::F16 || params.type_v != GgmlType::F16 {
-            return Err(EngineError::Load(format!(
-                "the CUDA engine keeps its KV cache in f16; -ctk {} -ctv {} are not built for it yet",
-                params.type_k.name(),
-                params.type_v.name()
-            )));
-        }
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
         let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
         let cells = params.n_ctx_seq * params.n_seq_max;

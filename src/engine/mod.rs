@@ -178,7 +178,7 @@ pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, 
     let loader = weights::Loader::new(gguf)?;
     if let Some(ordinal) = params.gpu {
         let w = model::Weights::load(spec, &hp, &loader)?;
-        match gpu::unsupported(&w, &hp) {
+        match gpu::unsupported(&w, &hp, params) {
             Some(why) => log::warn!("serving on the CPU: {why}"),
             None => {
                 let cuda = crate::backend::cuda::Cuda::open(ordinal)?;
