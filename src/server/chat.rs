@@ -18,6 +18,22 @@ pub trait ChatRenderer: Send + Sync {
     /// The template source, as `/props` reports it.
     fn source(&self) -> String;
 
+    /// A finished reply split into content, reasoning and tool calls as the template's family
+    /// writes them (upstream's chat parsing); `prompt` is the rendered prompt the reply follows.
+    /// By default everything is content.
+    fn parse_reply(
+        &self,
+        _prompt: &str,
+        text: &str,
+        _reasoning_format: &str,
+        _parse_tools: bool,
+    ) -> Result<Reply, String> {
+        Ok(Reply {
+            content: text.to_string(),
+            ..Reply::default()
+        })
+    }
+
     /// What the template supports (`/props` `chat_template_caps`); by default what a template
     /// of plain string messages supports.
     fn caps(&self) -> Value {
@@ -32,6 +48,30 @@ pub trait ChatRenderer: Send + Sync {
             "supports_tools": false,
             "supports_typed_content": false,
         })
+    }
+}
+
+/// An assistant reply as the OpenAI message carries it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reply {
+    pub content: String,
+    pub reasoning_content: String,
+    /// `{"type": "function", "function": {"name", "arguments"}, "id"?}` each.
+    pub tool_calls: Vec<Value>,
+}
+
+impl Reply {
+    /// The `message` object upstream writes: `content` always (empty when there is none), then
+    /// `reasoning_content` and `tool_calls` when present.
+    pub fn message(&self) -> Value {
+        let mut m = json!({"role": "assistant", "content": self.content});
+        if !self.reasoning_content.is_empty() {
+            m["reasoning_content"] = json!(self.reasoning_content);
+        }
+        if !self.tool_calls.is_empty() {
+            m["tool_calls"] = Value::Array(self.tool_calls.clone());
+        }
+        m
     }
 }
 
@@ -273,4 +313,43 @@ pub fn responses_to_chat(body: &Value) -> Result<Value, TaskError> {
     }
     out.remove("reasoning");
     Ok(Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_messages_have_upstreams_shape() {
+        let plain = Reply {
+            content: "hi".into(),
+            ..Reply::default()
+        };
+        assert_eq!(
+            plain.message(),
+            json!({"role": "assistant", "content": "hi"})
+        );
+        let full = Reply {
+            content: String::new(),
+            reasoning_content: "think".into(),
+            tool_calls: vec![
+                json!({"type": "function", "function": {"name": "f", "arguments": "{}"}}),
+            ],
+        };
+        let m = full.message();
+        assert_eq!(m["content"], "", "content stays, empty, beside tool calls");
+        assert_eq!(m["reasoning_content"], "think");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "f");
+        // the default renderer leaves a reply whole
+        let r = PlainChat
+            .parse_reply("", "<think>x</think>y", "deepseek", true)
+            .unwrap();
+        assert_eq!(
+            r,
+            Reply {
+                content: "<think>x</think>y".into(),
+                ..Reply::default()
+            }
+        );
+    }
 }

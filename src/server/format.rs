@@ -3,6 +3,8 @@
 
 use serde_json::{json, Map, Value};
 
+use super::chat::Reply;
+
 use super::task::{
     ErrorKind, FinalResult, StopType, TaskError, TaskParams, Timings, TokenOutput, TokenProb,
 };
@@ -337,11 +339,22 @@ pub fn partial_oai_completion(
     o
 }
 
-pub fn final_oai_chat(r: &FinalResult, p: &TaskParams, meta: &ResponseMeta<'_>) -> Value {
+/// A finished chat reply; `reply` is `r.content` parsed as the model's chat family writes it.
+pub fn final_oai_chat(
+    r: &FinalResult,
+    reply: &Reply,
+    p: &TaskParams,
+    meta: &ResponseMeta<'_>,
+) -> Value {
+    let finish = if reply.tool_calls.is_empty() {
+        finish_reason(r.stop)
+    } else {
+        "tool_calls"
+    };
     let mut choice = json!({
-        "finish_reason": finish_reason(r.stop),
+        "finish_reason": finish,
         "index": r.index,
-        "message": {"role": "assistant", "content": r.content},
+        "message": reply.message(),
     });
     if !p.stream && !r.probs.is_empty() {
         choice["logprobs"] = json!({"content": probs_json(&r.probs, p.post_sampling_probs)});

@@ -15,7 +15,7 @@ use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::chat::{anthropic_to_chat, content_text, responses_to_chat, ChatRenderer};
+use super::chat::{anthropic_to_chat, content_text, responses_to_chat, ChatRenderer, Reply};
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
 use super::request::{self, ParseContext};
@@ -540,6 +540,35 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
     Ok(Value::Object(out))
 }
 
+/// A finished chat reply split as the model's chat family writes it: thinking into
+/// `reasoning_content` per the request's `reasoning_format` (else `--reasoning-format`), tool
+/// calls recognised when the request offered tools. `--skip-chat-parsing`, or a reply the parser
+/// cannot take, leaves everything in `content`.
+fn parse_reply(state: &AppState, chat: &dyn ChatRenderer, data: &Value, text: &str) -> Reply {
+    let plain = || Reply {
+        content: text.to_string(),
+        ..Reply::default()
+    };
+    let Some(default_format) = &state.params.reasoning_format else {
+        return plain();
+    };
+    let format = data
+        .get("reasoning_format")
+        .and_then(Value::as_str)
+        .unwrap_or(default_format);
+    let prompt = data.get("prompt").and_then(Value::as_str).unwrap_or("");
+    let tools = data
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+        && data.get("tool_choice").and_then(Value::as_str) != Some("none");
+    chat.parse_reply(prompt, text, format, tools)
+        .unwrap_or_else(|e| {
+            log::warn!("chat reply left unparsed: {e}");
+            plain()
+        })
+}
+
 async fn apply_template(state: Shared, body: Bytes) -> HttpResponse {
     respond((|| {
         let r = ready(&state)?;
@@ -733,7 +762,10 @@ async fn handle_completion(
             .map(|f| match kind {
                 ResponseKind::Native => format::final_native(f, &params, &model),
                 ResponseKind::OaiCompletion => format::final_oai_completion(f, &params, &meta),
-                ResponseKind::OaiChat => format::final_oai_chat(f, &params, &meta),
+                ResponseKind::OaiChat => {
+                    let reply = parse_reply(state, r.chat.as_ref(), &data, &f.content);
+                    format::final_oai_chat(f, &reply, &params, &meta)
+                }
                 ResponseKind::Anthropic => format::final_anthropic(f, &meta),
                 ResponseKind::OaiResponses => format::final_responses(f, &meta, &msg_id),
             })

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use actix_web::{middleware::from_fn, web, App, HttpServer};
 
-pub use chat::{ChatRenderer, PlainChat};
+pub use chat::{ChatRenderer, PlainChat, Reply};
 pub use codec::TextCodec;
 pub use scheduler::{SchedulerConfig, SchedulerHandle};
 pub use task::{Event, TaskParams, TaskRequest};
@@ -64,6 +64,9 @@ pub struct ServerParams {
     pub defaults: TaskParams,
     /// Reported as `build_info` and `system_fingerprint`.
     pub build_info: String,
+    /// `--reasoning-format`: how chat replies split thinking from content (a request's own
+    /// `reasoning_format` wins); `None` (`--skip-chat-parsing`) leaves replies unparsed.
+    pub reasoning_format: Option<String>,
 }
 
 impl Default for ServerParams {
@@ -91,6 +94,7 @@ impl Default for ServerParams {
             cors_credentials: true,
             defaults: TaskParams::default(),
             build_info: format!("bloomery-{}", env!("CARGO_PKG_VERSION")),
+            reasoning_format: Some("deepseek".into()),
         }
     }
 }
