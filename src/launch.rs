@@ -13,14 +13,19 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::backend::cuda;
-use crate::chat::{ChatTemplates, OutputFormat, ReasoningFormat, RenderInputs, SpecialTokens};
+use crate::chat::{
+    ChatTemplates, Delta, OutputFormat, ReasoningFormat, RenderInputs, SpecialTokens, StreamParser,
+    ToolSyntax,
+};
 use crate::cli::config::{DeviceChoice, GpuLayers};
 use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
 use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanRequest};
-use crate::server::{ChatRenderer, ModelInfo, Reply, Server, ServerParams, TaskParams};
+use crate::server::{
+    ChatRenderer, ModelInfo, Reply, ReplyStream, Server, ServerParams, TaskParams,
+};
 use crate::service;
 use crate::tokenizer::{Vocab, VocabType};
 
@@ -441,17 +446,14 @@ impl ChatRenderer for Templates {
         reasoning_format: &str,
         parse_tools: bool,
     ) -> Result<Reply, String> {
-        let reasoning = ReasoningFormat::from_name(reasoning_format).map_err(|e| e.to_string())?;
-        let parsed = OutputFormat::for_template(self.0.pick(None), prompt).parse(
-            text,
-            reasoning,
-            parse_tools,
-            false,
-        );
+        // through the streaming parser, so tool calls get ids as in a stream
+        let (mut parser, _) = self.parser(prompt, reasoning_format, parse_tools)?;
+        parser.push(text);
+        let (msg, _) = parser.finish();
         Ok(Reply {
-            content: parsed.content,
-            reasoning_content: parsed.reasoning_content,
-            tool_calls: parsed
+            content: msg.content,
+            reasoning_content: msg.reasoning_content,
+            tool_calls: msg
                 .tool_calls
                 .iter()
                 .map(|c| {
@@ -466,6 +468,83 @@ impl ChatRenderer for Templates {
                 })
                 .collect(),
         })
+    }
+
+    fn reply_stream(
+        &self,
+        prompt: &str,
+        reasoning_format: &str,
+        parse_tools: bool,
+    ) -> Result<Option<Box<dyn ReplyStream>>, String> {
+        let (parser, parses) = self.parser(prompt, reasoning_format, parse_tools)?;
+        // with nothing to parse the reply streams token by token, nothing held back, as
+        // upstream's content-only format does
+        Ok(parses.then(|| Box::new(TemplateReplies(parser)) as Box<dyn ReplyStream>))
+    }
+}
+
+impl Templates {
+    /// The reply parser for this template, and whether it has anything to parse: thinking when
+    /// the template writes its thinking tag (others keep any tags as content, as upstream's
+    /// content-only format does), tool calls when asked for and the family has a syntax.
+    fn parser(
+        &self,
+        prompt: &str,
+        reasoning_format: &str,
+        parse_tools: bool,
+    ) -> Result<(StreamParser, bool), String> {
+        let requested = ReasoningFormat::from_name(reasoning_format).map_err(|e| e.to_string())?;
+        let template = self.0.pick(None);
+        let format = OutputFormat::for_template(template, prompt);
+        let thinks = template.source().contains(format.think_start.as_str());
+        let tools = parse_tools && format.tools != ToolSyntax::None;
+        let reasoning = if thinks {
+            requested
+        } else {
+            ReasoningFormat::None
+        };
+        Ok((
+            StreamParser::new(format, reasoning, parse_tools),
+            thinks || tools,
+        ))
+    }
+}
+
+/// A streamed reply parsed by its template family's rules, as OpenAI chunk deltas.
+struct TemplateReplies(StreamParser);
+
+impl ReplyStream for TemplateReplies {
+    fn push(&mut self, piece: &str) -> Vec<Value> {
+        self.0.push(piece).into_iter().map(delta_json).collect()
+    }
+
+    fn finish(self: Box<Self>) -> Vec<Value> {
+        self.0.finish().1.into_iter().map(delta_json).collect()
+    }
+}
+
+/// One chunk's `delta` as upstream writes it: a tool call's first delta carries its id, type
+/// and name, later ones only more arguments.
+fn delta_json(d: Delta) -> Value {
+    match d {
+        Delta::Reasoning(s) => json!({ "reasoning_content": s }),
+        Delta::Content(s) => json!({ "content": s }),
+        Delta::ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+        } => {
+            let mut call = json!({"index": index, "function": {"arguments": arguments}});
+            if let Some(id) = id {
+                call["id"] = json!(id);
+            }
+            if let Some(name) = name {
+                call["type"] = json!("function");
+                call["function"]["name"] = json!(name);
+            }
+            json!({ "tool_calls": [call] })
+        }
     }
 }
 
@@ -671,11 +750,54 @@ mod tests {
             serde_json::from_str(r.tool_calls[0]["function"]["arguments"].as_str().unwrap())
                 .unwrap();
         assert_eq!(args, json!({"a": 2}));
+        assert_eq!(
+            r.tool_calls[0]["id"].as_str().map(str::len),
+            Some(32),
+            "ids as upstream gives"
+        );
         // without tools in the request the call stays text
         assert_eq!(
             t.parse_reply("", call, "deepseek", false).unwrap().content,
             call
         );
+        // streamed: the same split as deltas, tags held back until they resolve
+        let mut s = t.reply_stream("", "deepseek", true).unwrap().unwrap();
+        let mut deltas = Vec::new();
+        for piece in [
+            "<thi",
+            "nk>\nadd",
+            " them\n</th",
+            "ink>\n\nIt is",
+            " 4.\n",
+            call,
+        ] {
+            deltas.extend(s.push(piece));
+        }
+        deltas.extend(s.finish());
+        let text_of =
+            |key: &str| -> String { deltas.iter().filter_map(|d| d[key].as_str()).collect() };
+        assert_eq!(text_of("reasoning_content"), "add them");
+        assert!(text_of("content").starts_with("It is 4."), "{deltas:?}");
+        assert!(
+            !text_of("content").contains("<t"),
+            "no tag leaks: {deltas:?}"
+        );
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+        assert_eq!(calls[0][0]["function"]["name"], "add", "{deltas:?}");
+        assert_eq!(calls[0][0]["type"], "function");
+        // a template that never thinks keeps tags as content and streams token by token
+        let choice = crate::chat::TemplateChoice {
+            override_source: Some(crate::chat::CHATML_SOURCE),
+            model_default: None,
+            model_tool_use: None,
+        };
+        let plain = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        let r = plain.parse_reply("", text, "deepseek", false).unwrap();
+        assert_eq!(
+            (r.reasoning_content.as_str(), r.content.as_str()),
+            ("", text)
+        );
+        assert!(plain.reply_stream("", "deepseek", false).unwrap().is_none());
     }
 
     #[test]

@@ -34,6 +34,16 @@ pub trait ChatRenderer: Send + Sync {
         })
     }
 
+    /// The same split while a reply streams; `None` (the default) streams the text as content.
+    fn reply_stream(
+        &self,
+        _prompt: &str,
+        _reasoning_format: &str,
+        _parse_tools: bool,
+    ) -> Result<Option<Box<dyn ReplyStream>>, String> {
+        Ok(None)
+    }
+
     /// What the template supports (`/props` `chat_template_caps`); by default what a template
     /// of plain string messages supports.
     fn caps(&self) -> Value {
@@ -49,6 +59,24 @@ pub trait ChatRenderer: Send + Sync {
             "supports_typed_content": false,
         })
     }
+}
+
+/// A reply parsed as it streams: each call returns the `delta` objects of the chunks to send
+/// (`{"content": ..}`, `{"reasoning_content": ..}`, `{"tool_calls": [{"index", ..}]}`).
+pub trait ReplyStream: Send {
+    /// Adds generated text.
+    fn push(&mut self, piece: &str) -> Vec<Value>;
+    /// Ends the reply: what was held back.
+    fn finish(self: Box<Self>) -> Vec<Value>;
+}
+
+/// How a chat request's reply is parsed: the rendered prompt it follows, the reasoning format
+/// and whether tool calls are looked for. `None` where `--skip-chat-parsing` leaves replies whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplyParsing {
+    pub prompt: String,
+    pub reasoning_format: String,
+    pub parse_tools: bool,
 }
 
 /// An assistant reply as the OpenAI message carries it.

@@ -386,9 +386,11 @@ fn chat_chunk(index: usize, delta: Value, finish: Value, meta: &ResponseMeta<'_>
     })
 }
 
-/// The chunks of one streamed chat token: a role-only chunk before the first, then the text.
+/// The chunks of one streamed chat token: a role-only chunk before the first, then one chunk per
+/// `delta` the token made visible (see `chat::ReplyStream`).
 pub fn partial_oai_chat(
     index: usize,
+    deltas: Vec<Value>,
     token: &TokenOutput,
     n_decoded: usize,
     timings: Option<&Timings>,
@@ -404,14 +406,11 @@ pub fn partial_oai_chat(
             meta,
         ));
     }
-    if !token.text.is_empty() {
-        chunks.push(chat_chunk(
-            index,
-            json!({"content": token.text}),
-            Value::Null,
-            meta,
-        ));
-    }
+    chunks.extend(
+        deltas
+            .into_iter()
+            .map(|d| chat_chunk(index, d, Value::Null, meta)),
+    );
     if let Some(last) = chunks.last_mut() {
         if !token.probs.is_empty() {
             last["choices"][0]["logprobs"] =
@@ -424,17 +423,26 @@ pub fn partial_oai_chat(
     chunks
 }
 
+/// The end of a streamed chat reply: chunks for what the parser held back (`tail`), then the
+/// finish chunk (`tool_calls` when the reply made any), usage and timings.
 pub fn final_oai_chat_stream(
     r: &FinalResult,
+    tail: Vec<Value>,
+    made_tool_calls: bool,
     p: &TaskParams,
     meta: &ResponseMeta<'_>,
 ) -> Vec<Value> {
-    let mut chunks = vec![chat_chunk(
-        r.index,
-        json!({}),
-        json!(finish_reason(r.stop)),
-        meta,
-    )];
+    let mut chunks: Vec<Value> = tail
+        .into_iter()
+        .map(|d| chat_chunk(r.index, d, Value::Null, meta))
+        .collect();
+    let finish = chunks.len();
+    let reason = if made_tool_calls {
+        "tool_calls"
+    } else {
+        finish_reason(r.stop)
+    };
+    chunks.push(chat_chunk(r.index, json!({}), json!(reason), meta));
     if p.include_usage {
         chunks.push(json!({
             "choices": [],
@@ -450,7 +458,7 @@ pub fn final_oai_chat_stream(
         last["timings"] = timings_json(&r.timings);
     }
     if p.verbose {
-        chunks[0]["__verbose"] = final_native(r, p, meta.model);
+        chunks[finish]["__verbose"] = final_native(r, p, meta.model);
     }
     chunks
 }

@@ -1,6 +1,7 @@
 //! actix-web routes and middleware: CORS, the loading gate (503 until a model is attached), API
 //! keys (every route but `/health` and `/v1/health`), and the llama-server endpoints.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,7 +16,10 @@ use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::chat::{anthropic_to_chat, content_text, responses_to_chat, ChatRenderer, Reply};
+use super::chat::{
+    anthropic_to_chat, content_text, responses_to_chat, ChatRenderer, Reply, ReplyParsing,
+    ReplyStream,
+};
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
 use super::request::{self, ParseContext};
@@ -540,29 +544,41 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
     Ok(Value::Object(out))
 }
 
-/// A finished chat reply split as the model's chat family writes it: thinking into
-/// `reasoning_content` per the request's `reasoning_format` (else `--reasoning-format`), tool
-/// calls recognised when the request offered tools. `--skip-chat-parsing`, or a reply the parser
-/// cannot take, leaves everything in `content`.
-fn parse_reply(state: &AppState, chat: &dyn ChatRenderer, data: &Value, text: &str) -> Reply {
+/// How a chat request's reply is parsed: the request's `reasoning_format` (else
+/// `--reasoning-format`), tool calls looked for when the request offers tools; `None` under
+/// `--skip-chat-parsing`.
+fn reply_parsing(state: &AppState, data: &Value) -> Option<ReplyParsing> {
+    let default_format = state.params.reasoning_format.as_ref()?;
+    Some(ReplyParsing {
+        prompt: data
+            .get("prompt")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        reasoning_format: data
+            .get("reasoning_format")
+            .and_then(Value::as_str)
+            .unwrap_or(default_format)
+            .to_string(),
+        parse_tools: data
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty())
+            && data.get("tool_choice").and_then(Value::as_str) != Some("none"),
+    })
+}
+
+/// A finished chat reply split as the model's chat family writes it; a reply the parser cannot
+/// take (or no parsing) leaves everything in `content`.
+fn parse_reply(chat: &dyn ChatRenderer, parsing: Option<&ReplyParsing>, text: &str) -> Reply {
     let plain = || Reply {
         content: text.to_string(),
         ..Reply::default()
     };
-    let Some(default_format) = &state.params.reasoning_format else {
+    let Some(rp) = parsing else {
         return plain();
     };
-    let format = data
-        .get("reasoning_format")
-        .and_then(Value::as_str)
-        .unwrap_or(default_format);
-    let prompt = data.get("prompt").and_then(Value::as_str).unwrap_or("");
-    let tools = data
-        .get("tools")
-        .and_then(Value::as_array)
-        .is_some_and(|t| !t.is_empty())
-        && data.get("tool_choice").and_then(Value::as_str) != Some("none");
-    chat.parse_reply(prompt, text, format, tools)
+    chat.parse_reply(&rp.prompt, text, &rp.reasoning_format, rp.parse_tools)
         .unwrap_or_else(|e| {
             log::warn!("chat reply left unparsed: {e}");
             plain()
@@ -728,6 +744,9 @@ async fn handle_completion(
         }
         ResponseKind::Native => body,
     };
+    let parsing = (kind == ResponseKind::OaiChat)
+        .then(|| reply_parsing(state, &data))
+        .flatten();
     let mut submitted = submit_all(r, state, &data)?;
     let meta_id = gen_id(match kind {
         ResponseKind::OaiResponses => "resp_",
@@ -763,7 +782,7 @@ async fn handle_completion(
                 ResponseKind::Native => format::final_native(f, &params, &model),
                 ResponseKind::OaiCompletion => format::final_oai_completion(f, &params, &meta),
                 ResponseKind::OaiChat => {
-                    let reply = parse_reply(state, r.chat.as_ref(), &data, &f.content);
+                    let reply = parse_reply(r.chat.as_ref(), parsing.as_ref(), &f.content);
                     format::final_oai_chat(f, &reply, &params, &meta)
                 }
                 ResponseKind::Anthropic => format::final_anthropic(f, &meta),
@@ -806,6 +825,10 @@ async fn handle_completion(
         text: String::new(),
         text_started: false,
         created_sent: false,
+        chat: r.chat.clone(),
+        parsing,
+        replies: HashMap::new(),
+        tool_calls: HashSet::new(),
     };
     let first_chunk = renderer.render(&first);
     let state = (renderer, submitted.rx, Some(first_chunk), false);
@@ -856,10 +879,60 @@ struct StreamRenderer {
     text: String,
     text_started: bool,
     created_sent: bool,
+    chat: Arc<dyn ChatRenderer>,
+    /// Chat replies are parsed as they stream, one parser per choice.
+    parsing: Option<ReplyParsing>,
+    replies: HashMap<usize, Option<Box<dyn ReplyStream>>>,
+    /// Choices that made tool calls (their finish reason is `tool_calls`).
+    tool_calls: HashSet<usize>,
 }
 
 impl StreamRenderer {
+    /// The chunks' deltas for more text of choice `index`.
+    fn chat_deltas(&mut self, index: usize, text: &str) -> Vec<Value> {
+        let (chat, parsing) = (&self.chat, &self.parsing);
+        let parser = self.replies.entry(index).or_insert_with(|| {
+            let rp = parsing.as_ref()?;
+            chat.reply_stream(&rp.prompt, &rp.reasoning_format, rp.parse_tools)
+                .unwrap_or_else(|e| {
+                    log::warn!("chat reply streamed unparsed: {e}");
+                    None
+                })
+        });
+        let deltas = match parser {
+            Some(p) => p.push(text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![json!({ "content": text })],
+        };
+        self.note_tool_calls(index, &deltas);
+        deltas
+    }
+
+    /// The deltas choice `index` held back until its end.
+    fn chat_tail(&mut self, index: usize) -> Vec<Value> {
+        let deltas = match self.replies.remove(&index).flatten() {
+            Some(p) => p.finish(),
+            None => Vec::new(),
+        };
+        self.note_tool_calls(index, &deltas);
+        deltas
+    }
+
+    fn note_tool_calls(&mut self, index: usize, deltas: &[Value]) {
+        if deltas.iter().any(|d| d.get("tool_calls").is_some()) {
+            self.tool_calls.insert(index);
+        }
+    }
+
     fn render(&mut self, ev: &Event) -> String {
+        // chat parsing first: the response metadata below borrows the rest of `self`
+        let (deltas, tail) = match (ev, self.kind) {
+            (Event::Token { index, token, .. }, ResponseKind::OaiChat) => {
+                (self.chat_deltas(*index, &token.text), Vec::new())
+            }
+            (Event::Final(f), ResponseKind::OaiChat) => (Vec::new(), self.chat_tail(f.index)),
+            _ => (Vec::new(), Vec::new()),
+        };
         let meta = ResponseMeta {
             model: &self.model,
             id: &self.id,
@@ -895,6 +968,7 @@ impl StreamRenderer {
                 )]),
                 ResponseKind::OaiChat => format::sse(&format::partial_oai_chat(
                     *index,
+                    deltas,
                     token,
                     *n_decoded,
                     timings.as_ref(),
@@ -931,7 +1005,10 @@ impl StreamRenderer {
                         format::sse(&[format::final_oai_completion(f, p, &meta)])
                     }
                     ResponseKind::OaiChat => {
-                        format::sse(&format::final_oai_chat_stream(f, p, &meta))
+                        let made_calls = self.tool_calls.contains(&f.index);
+                        format::sse(&format::final_oai_chat_stream(
+                            f, tail, made_calls, p, &meta,
+                        ))
                     }
                     ResponseKind::Anthropic => {
                         format::sse_events(&format::final_anthropic_stream(f, self.text_started))

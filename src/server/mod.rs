@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use actix_web::{middleware::from_fn, web, App, HttpServer};
 
-pub use chat::{ChatRenderer, PlainChat, Reply};
+pub use chat::{ChatRenderer, PlainChat, Reply, ReplyParsing, ReplyStream};
 pub use codec::TextCodec;
 pub use scheduler::{SchedulerConfig, SchedulerHandle};
 pub use task::{Event, TaskParams, TaskRequest};
