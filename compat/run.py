@@ -33,6 +33,8 @@ VOLATILE = {
     "t_token_generation", "prompt_ms", "predicted_ms", "prompt_per_second", "predicted_per_second",
     "prompt_per_token_ms", "predicted_per_token_ms", "build_info", "model_path", "path", "t_start",
     "completion_probabilities_ms", "seed_cur", "owned_by", "chat_template", "modalities",
+    # a random marker each server draws at start
+    "media_marker",
 }
 # Response headers that clients read.
 HEADERS = ["content-type", "access-control-allow-origin"]

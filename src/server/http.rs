@@ -315,9 +315,12 @@ fn prom_number(x: f64) -> String {
 
 fn props_json(state: &AppState, r: &Ready) -> Value {
     let p = &state.params;
+    let mut params = format::params_json(&p.defaults, true);
+    // upstream reports a fresh task's parser settings here, whatever --reasoning-format says
+    params["reasoning_format"] = json!("none");
     json!({
         "default_generation_settings": {
-            "params": format::params_json(&p.defaults, true),
+            "params": params,
             "n_ctx": r.scheduler.n_ctx_slot,
         },
         "total_slots": r.scheduler.n_slots,
