@@ -582,9 +582,17 @@ fn model_info(
     n_ctx_train: usize,
 ) -> ModelInfo {
     let display = path.display().to_string();
-    let aliases: Vec<String> = cfg.model.aliases.iter().cloned().collect();
+    let mut aliases: Vec<String> = cfg.model.aliases.iter().cloned().collect();
+    if aliases.is_empty() {
+        // as upstream: with no --alias the model's own name (the -hf repo, else the path) is one
+        aliases.push(if cfg.model.hf_repo.is_empty() {
+            display.clone()
+        } else {
+            cfg.model.hf_repo.clone()
+        });
+    }
     ModelInfo {
-        name: aliases.first().cloned().unwrap_or_else(|| display.clone()),
+        name: aliases[0].clone(),
         aliases,
         path: display,
         ftype: crate::model::file_type_name(gguf),
