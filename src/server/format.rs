@@ -237,9 +237,10 @@ pub fn final_native(r: &FinalResult, p: &TaskParams, model: &str) -> Value {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// One streamed `/completion` token. Its `id_slot` is -1 as upstream's partial results carry
+/// (only the final result names the slot).
 pub fn partial_native(
     index: usize,
-    id_slot: usize,
     token: &TokenOutput,
     n_decoded: usize,
     n_prompt_tokens: usize,
@@ -251,7 +252,7 @@ pub fn partial_native(
         "content": token.text,
         "tokens": [token.id],
         "stop": false,
-        "id_slot": id_slot,
+        "id_slot": -1,
         "tokens_predicted": n_decoded,
         "tokens_evaluated": n_prompt_tokens,
     });

@@ -946,7 +946,6 @@ impl StreamRenderer {
         match ev {
             Event::Token {
                 index,
-                id_slot,
                 token,
                 n_decoded,
                 n_prompt_tokens,
@@ -955,7 +954,6 @@ impl StreamRenderer {
             } => match self.kind {
                 ResponseKind::Native => format::sse(&[format::partial_native(
                     *index,
-                    *id_slot,
                     token,
                     *n_decoded,
                     *n_prompt_tokens,

@@ -279,7 +279,6 @@ enum Phase {
 
 struct Active {
     id: u64,
-    slot_id: usize,
     request: TaskRequest,
     sampler: Sampler,
     phase: Phase,
@@ -664,7 +663,6 @@ impl Scheduler {
         self.metrics.n_prompt_tokens_cached_total += n_past as u64;
         let active = Active {
             id,
-            slot_id: slot.id,
             request,
             sampler,
             phase: Phase::Prompt,
@@ -1163,7 +1161,6 @@ fn process_token(
         if params.stream {
             active.send(Event::Token {
                 index: active.request.index,
-                id_slot: active.slot_id,
                 token: out.clone(),
                 n_decoded: active.n_gen,
                 n_prompt_tokens: active.request.tokens.len(),

@@ -252,7 +252,6 @@ impl std::fmt::Display for TaskError {
 pub enum Event {
     Token {
         index: usize,
-        id_slot: usize,
         token: TokenOutput,
         n_decoded: usize,
         n_prompt_tokens: usize,
