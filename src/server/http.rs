@@ -475,6 +475,18 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+/// A JSON value's type as nlohmann::json names it in its errors.
+fn json_type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
 /// Chat body to a completion body: the rendered prompt plus the OpenAI fields mapped.
 fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, TaskError> {
     let messages = body
@@ -484,6 +496,16 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
         .as_array()
         .ok_or_else(|| TaskError::invalid("Expected 'messages' to be an array"))?;
     for m in messages {
+        if let Some(role) = m.get("role").filter(|r| !r.is_string()) {
+            // upstream's JSON library refuses it while parsing the messages: a server error
+            return Err(TaskError::new(
+                ErrorKind::Server,
+                format!(
+                    "Failed to parse messages: [json.exception.type_error.302] type must be string, but is {}",
+                    json_type_name(role)
+                ),
+            ));
+        }
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         if role != "assistant" && m.get("content").is_none() {
             return Err(TaskError::invalid(
