@@ -15,6 +15,7 @@ mod gpu;
 mod kv;
 mod model;
 mod moe;
+pub mod tier;
 mod weights;
 
 /// A sequence (one slot's conversation) in the KV cache.

@@ -1,0 +1,173 @@
+//! The pinned staging ring that streams host experts through the card during a prompt pass. Each
+//! of its buffers goes round: filled on the host from the expert's weights, copied to the card,
+//! read by the expert's product, then free again. Buffers are taken in order, so with two the
+//! copy of the next expert overlaps the product of the current one; a buffer is never refilled
+//! while its copy or product may still read it.
+
+use super::ExpertId;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stage {
+    Free,
+    Filling(ExpertId),
+    Copying(ExpertId),
+    /// On the card, waiting for its product.
+    Ready(ExpertId),
+    /// Its product is running.
+    InUse(ExpertId),
+}
+
+#[derive(Debug, PartialEq)]
+pub struct RingError(pub String);
+
+pub struct Ring {
+    stages: Vec<Stage>,
+    next: usize,
+}
+
+impl Ring {
+    pub fn new(n_buffers: usize) -> Ring {
+        Ring {
+            stages: vec![Stage::Free; n_buffers.max(1)],
+            next: 0,
+        }
+    }
+
+    pub fn stage(&self, buf: usize) -> Option<Stage> {
+        self.stages.get(buf).copied()
+    }
+
+    /// The next buffer in turn for `id`, if it is free; `None` means wait for its product.
+    pub fn acquire(&mut self, id: ExpertId) -> Option<usize> {
+        let b = self.next;
+        if self.stages[b] != Stage::Free {
+            return None;
+        }
+        self.stages[b] = Stage::Filling(id);
+        self.next = (b + 1) % self.stages.len();
+        Some(b)
+    }
+
+    fn advance(
+        &mut self,
+        buf: usize,
+        from: fn(ExpertId) -> Stage,
+        to: fn(ExpertId) -> Stage,
+    ) -> Result<ExpertId, RingError> {
+        let stage = self
+            .stages
+            .get(buf)
+            .copied()
+            .ok_or_else(|| RingError(format!("no buffer {buf}")))?;
+        let id = match stage {
+            Stage::Filling(id) | Stage::Copying(id) | Stage::Ready(id) | Stage::InUse(id)
+                if stage == from(id) =>
+            {
+                id
+            }
+            other => {
+                return Err(RingError(format!(
+                    "buffer {buf} is {other:?}, not {:?}",
+                    from(ExpertId::new(0, 0))
+                )))
+            }
+        };
+        self.stages[buf] = to(id);
+        Ok(id)
+    }
+
+    /// The host finished writing `buf`; its copy to the card starts.
+    pub fn filled(&mut self, buf: usize) -> Result<(), RingError> {
+        self.advance(buf, Stage::Filling, Stage::Copying)
+            .map(|_| ())
+    }
+
+    /// The copy of `buf` landed.
+    pub fn copied(&mut self, buf: usize) -> Result<(), RingError> {
+        self.advance(buf, Stage::Copying, Stage::Ready).map(|_| ())
+    }
+
+    /// The product that reads `buf` starts; returns the expert it holds.
+    pub fn start(&mut self, buf: usize) -> Result<ExpertId, RingError> {
+        self.advance(buf, Stage::Ready, Stage::InUse)
+    }
+
+    /// The product that read `buf` finished: the buffer may be refilled.
+    pub fn release(&mut self, buf: usize) -> Result<(), RingError> {
+        self.advance(buf, Stage::InUse, |_| Stage::Free).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_buffers_overlap_the_next_copy_with_the_current_product() {
+        let mut r = Ring::new(2);
+        let (a, b, c) = (
+            ExpertId::new(0, 0),
+            ExpertId::new(0, 1),
+            ExpertId::new(0, 2),
+        );
+        let ba = r.acquire(a).unwrap();
+        r.filled(ba).unwrap();
+        r.copied(ba).unwrap();
+        assert_eq!(r.start(ba), Ok(a));
+        // while a's product runs, b streams into the other buffer
+        let bb = r.acquire(b).unwrap();
+        assert_ne!(ba, bb);
+        r.filled(bb).unwrap();
+        // c must wait: its buffer in turn is a's, still read by a's product
+        assert_eq!(r.acquire(c), None);
+        r.release(ba).unwrap();
+        assert_eq!(r.acquire(c), Some(ba));
+        r.copied(bb).unwrap();
+        assert_eq!(r.start(bb), Ok(b));
+    }
+
+    #[test]
+    fn stages_cannot_be_skipped_or_repeated() {
+        let mut r = Ring::new(1);
+        let b = r.acquire(ExpertId::new(1, 3)).unwrap();
+        assert!(r.copied(b).is_err(), "not filled yet");
+        assert!(r.start(b).is_err());
+        r.filled(b).unwrap();
+        assert!(r.filled(b).is_err(), "filled twice");
+        r.copied(b).unwrap();
+        assert!(r.release(b).is_err(), "never used");
+        r.start(b).unwrap();
+        r.release(b).unwrap();
+        assert_eq!(r.stage(b), Some(Stage::Free));
+        assert!(r.release(7).is_err(), "no such buffer");
+    }
+
+    #[test]
+    fn a_whole_layer_streams_in_order_through_any_ring() {
+        for n in 1..4 {
+            let mut r = Ring::new(n);
+            let experts: Vec<ExpertId> = (0..7).map(|e| ExpertId::new(2, e)).collect();
+            let mut done = Vec::new();
+            let mut pending = std::collections::VecDeque::new();
+            let mut i = 0;
+            while done.len() < experts.len() {
+                // stream ahead as far as the ring allows, then run the oldest product
+                while i < experts.len() {
+                    match r.acquire(experts[i]) {
+                        Some(b) => {
+                            r.filled(b).unwrap();
+                            r.copied(b).unwrap();
+                            pending.push_back(b);
+                            i += 1;
+                        }
+                        None => break,
+                    }
+                }
+                let b = pending.pop_front().expect("something is in flight");
+                done.push(r.start(b).unwrap());
+                r.release(b).unwrap();
+            }
+            assert_eq!(done, experts, "ring of {n}");
+        }
+    }
+}
