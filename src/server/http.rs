@@ -22,7 +22,7 @@ use super::chat::{
 };
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
-use super::request::{self, ParseContext};
+use super::request::{self, json_type_name, ParseContext};
 use super::scheduler::{SchedulerHandle, SlotAction, SlotActionResult};
 use super::task::{ErrorKind, Event, FinalResult, TaskError, TaskParams, TaskRequest};
 use super::{ModelInfo, ServerParams};
@@ -450,7 +450,7 @@ async fn detokenize(state: Shared, body: Bytes) -> HttpResponse {
             let ids = tokens.as_array().ok_or_else(|| {
                 TaskError::invalid(
                     "[json.exception.type_error.302] type must be array, but is ".to_owned()
-                        + json_kind(tokens),
+                        + json_type_name(tokens),
                 )
             })?;
             for t in ids {
@@ -462,29 +462,6 @@ async fn detokenize(state: Shared, body: Bytes) -> HttpResponse {
         }
         Ok(ok(json!({"content": String::from_utf8_lossy(&content)})))
     })())
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-/// A JSON value's type as nlohmann::json names it in its errors.
-fn json_type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 /// Chat body to a completion body: the rendered prompt plus the OpenAI fields mapped.

@@ -14,7 +14,8 @@ pub struct ParseContext<'a> {
     pub n_parallel: usize,
 }
 
-fn json_type_name(v: &Value) -> &'static str {
+/// A JSON value's type as nlohmann::json names it in its errors.
+pub(super) fn json_type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",
