@@ -48,10 +48,12 @@ impl Ring {
         Some(b)
     }
 
+    /// Moves `buf` from the stage `from` makes to the one `to` makes; `expected` names `from`
+    /// for the error.
     fn advance(
         &mut self,
         buf: usize,
-        from: fn(ExpertId) -> Stage,
+        (from, expected): (fn(ExpertId) -> Stage, &str),
         to: fn(ExpertId) -> Stage,
     ) -> Result<ExpertId, RingError> {
         let stage = self
@@ -67,8 +69,7 @@ impl Ring {
             }
             other => {
                 return Err(RingError(format!(
-                    "buffer {buf} is {other:?}, not {:?}",
-                    from(ExpertId::new(0, 0))
+                    "buffer {buf} is {other:?}, not {expected}"
                 )))
             }
         };
@@ -78,23 +79,25 @@ impl Ring {
 
     /// The host finished writing `buf`; its copy to the card starts.
     pub fn filled(&mut self, buf: usize) -> Result<(), RingError> {
-        self.advance(buf, Stage::Filling, Stage::Copying)
+        self.advance(buf, (Stage::Filling, "filling"), Stage::Copying)
             .map(|_| ())
     }
 
     /// The copy of `buf` landed.
     pub fn copied(&mut self, buf: usize) -> Result<(), RingError> {
-        self.advance(buf, Stage::Copying, Stage::Ready).map(|_| ())
+        self.advance(buf, (Stage::Copying, "copying"), Stage::Ready)
+            .map(|_| ())
     }
 
     /// The product that reads `buf` starts; returns the expert it holds.
     pub fn start(&mut self, buf: usize) -> Result<ExpertId, RingError> {
-        self.advance(buf, Stage::Ready, Stage::InUse)
+        self.advance(buf, (Stage::Ready, "ready"), Stage::InUse)
     }
 
     /// The product that read `buf` finished: the buffer may be refilled.
     pub fn release(&mut self, buf: usize) -> Result<(), RingError> {
-        self.advance(buf, Stage::InUse, |_| Stage::Free).map(|_| ())
+        self.advance(buf, (Stage::InUse, "in use"), |_| Stage::Free)
+            .map(|_| ())
     }
 }
 
@@ -130,7 +133,13 @@ mod tests {
     fn stages_cannot_be_skipped_or_repeated() {
         let mut r = Ring::new(1);
         let b = r.acquire(ExpertId::new(1, 3)).unwrap();
-        assert!(r.copied(b).is_err(), "not filled yet");
+        assert_eq!(
+            r.copied(b),
+            Err(RingError(
+                "buffer 0 is Filling(ExpertId { layer: 1, expert: 3 }), not copying".into()
+            )),
+            "not filled yet"
+        );
         assert!(r.start(b).is_err());
         r.filled(b).unwrap();
         assert!(r.filled(b).is_err(), "filled twice");
