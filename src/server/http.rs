@@ -206,6 +206,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::post().to(responses_input_tokens),
         )
         .route("/infill", web::post().to(infill))
+        .route("/embedding", web::post().to(embeddings))
+        .route("/embeddings", web::post().to(embeddings))
+        .route("/v1/embeddings", web::post().to(embeddings))
+        .route("/rerank", web::post().to(rerank))
+        .route("/reranking", web::post().to(rerank))
+        .route("/v1/rerank", web::post().to(rerank))
+        .route("/v1/reranking", web::post().to(rerank))
         .route("/tokenize", web::post().to(tokenize))
         .route("/detokenize", web::post().to(detokenize))
         .route("/apply-template", web::post().to(apply_template))
@@ -655,6 +662,21 @@ async fn infill() -> HttpResponse {
     error(&TaskError::new(
         ErrorKind::NotSupported,
         "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing. ",
+    ))
+}
+
+/// Embeddings and reranking are not built: upstream's answer when they are not enabled.
+async fn embeddings() -> HttpResponse {
+    error(&TaskError::new(
+        ErrorKind::NotSupported,
+        "This server does not support embeddings. Start it with `--embeddings`",
+    ))
+}
+
+async fn rerank() -> HttpResponse {
+    error(&TaskError::new(
+        ErrorKind::NotSupported,
+        "This server does not support reranking. Start it with `--reranking`",
     ))
 }
 
