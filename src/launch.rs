@@ -485,8 +485,9 @@ impl ChatRenderer for Templates {
 
 impl Templates {
     /// The reply parser for this template, and whether it has anything to parse: thinking when
-    /// the template writes its thinking tag (others keep any tags as content, as upstream's
-    /// content-only format does), tool calls when asked for and the family has a syntax.
+    /// the template writes its thinking tag or is Harmony's (others keep any tags as content, as
+    /// upstream's content-only format does), tool calls when asked for and the family has a
+    /// syntax.
     fn parser(
         &self,
         prompt: &str,
@@ -496,7 +497,9 @@ impl Templates {
         let requested = ReasoningFormat::from_name(reasoning_format).map_err(|e| e.to_string())?;
         let template = self.0.pick(None);
         let format = OutputFormat::for_template(template, prompt);
-        let thinks = template.source().contains(format.think_start.as_str());
+        // Harmony (gpt-oss) thinks in its analysis channel, not between tags
+        let thinks = format.tools == ToolSyntax::Harmony
+            || template.source().contains(format.think_start.as_str());
         let tools = parse_tools && format.tools != ToolSyntax::None;
         let reasoning = if thinks {
             requested
@@ -800,6 +803,22 @@ mod tests {
             model_tool_use: None,
         };
         let plain = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        // Harmony thinks in its analysis channel, with no tag in the template
+        let oss =
+            std::fs::read_to_string(path.with_file_name("openai-gpt-oss-120b.jinja")).unwrap();
+        let choice = crate::chat::TemplateChoice {
+            override_source: Some(&oss),
+            model_default: None,
+            model_tool_use: None,
+        };
+        let oss = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        let harmony = "<|channel|>analysis<|message|>add them<|end|><|start|>assistant<|channel|>final<|message|>It is 4.";
+        let r = oss.parse_reply("", harmony, "deepseek", false).unwrap();
+        assert_eq!(
+            (r.reasoning_content.as_str(), r.content.as_str()),
+            ("add them", "It is 4.")
+        );
+        assert!(oss.reply_stream("", "deepseek", false).unwrap().is_some());
         let r = plain.parse_reply("", text, "deepseek", false).unwrap();
         assert_eq!(
             (r.reasoning_content.as_str(), r.content.as_str()),
