@@ -338,6 +338,23 @@ impl Layout {
         self.tensors
             .push((name, fitting_type(t, shape[0]), shape.to_vec()));
     }
+
+    /// A gated FFN `n_embd -> f -> n_embd` of layer `i`: `ffn_{gate,up,down}{suffix}` (no
+    /// suffix for a dense FFN, `_shexp` for shared experts).
+    fn gated_ffn(&mut self, i: u32, suffix: &str, t: GgmlType, e: u64, f: u64) {
+        let w = |part: &str| format!("blk.{i}.ffn_{part}{suffix}.weight");
+        self.add(w("gate"), t, &[e, f]);
+        self.add(w("up"), t, &[e, f]);
+        self.add(w("down"), t, &[f, e]);
+    }
+
+    /// `x` routed experts of width `fx` in layer `i` (`ffn_{gate,up,down}_exps`).
+    fn experts(&mut self, i: u32, t: GgmlType, e: u64, fx: u64, x: u64) {
+        let w = |part: &str| format!("blk.{i}.ffn_{part}_exps.weight");
+        self.add(w("gate"), t, &[e, fx, x]);
+        self.add(w("up"), t, &[e, fx, x]);
+        self.add(w("down"), t, &[fx, e, x]);
+    }
 }
 
 /// The tensors llama.cpp expects for the preset's architecture, with their types.
@@ -387,9 +404,7 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
             l.add(b("post_attention_norm"), f32t, &[e]);
             l.add(b("ffn_gate_inp"), f32t, &[e, x]);
             l.add(bias("ffn_gate_inp"), f32t, &[x]);
-            l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
-            l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
-            l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+            l.experts(i, mix.experts, e, fx, x);
             l.add(bias("ffn_gate_exps"), f32t, &[fx, x]);
             l.add(bias("ffn_up_exps"), f32t, &[fx, x]);
             l.add(bias("ffn_down_exps"), f32t, &[e, x]);
@@ -405,13 +420,9 @@ fn layout(p: &Preset, n_vocab: u64, mix: QuantMix) -> Layout {
         l.add(b("ffn_norm"), f32t, &[e]);
         if x > 0 {
             l.add(b("ffn_gate_inp"), f32t, &[e, x]);
-            l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
-            l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
-            l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
+            l.experts(i, mix.experts, e, fx, x);
         } else {
-            l.add(b("ffn_gate"), mix.weights, &[e, f]);
-            l.add(b("ffn_up"), mix.weights, &[e, f]);
-            l.add(b("ffn_down"), mix.weights, &[f, e]);
+            l.gated_ffn(i, "", mix.weights, e, f);
         }
         if gemma {
             l.add(b("post_ffw_norm"), f32t, &[e]);
@@ -446,19 +457,13 @@ fn mla_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
     l.add(b("ffn_norm"), f32t, &[e]);
     let (f, fx, x) = (p.n_ff as u64, p.n_ff_exp as u64, p.n_expert as u64);
     if i < p.n_leading_dense {
-        l.add(b("ffn_gate"), mix.weights, &[e, f]);
-        l.add(b("ffn_up"), mix.weights, &[e, f]);
-        l.add(b("ffn_down"), mix.weights, &[f, e]);
+        l.gated_ffn(i, "", mix.weights, e, f);
         return;
     }
     let shared = fx * p.n_expert_shared as u64;
     l.add(b("ffn_gate_inp"), f32t, &[e, x]);
-    l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
-    l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
-    l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
-    l.add(b("ffn_gate_shexp"), mix.weights, &[e, shared]);
-    l.add(b("ffn_up_shexp"), mix.weights, &[e, shared]);
-    l.add(b("ffn_down_shexp"), mix.weights, &[shared, e]);
+    l.experts(i, mix.experts, e, fx, x);
+    l.gated_ffn(i, "_shexp", mix.weights, e, shared);
 }
 
 /// One GLM-4.5 layer: attention with q/k/v biases, the post-attention norm in front of the FFN,
@@ -482,20 +487,14 @@ fn glm_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
     l.add(b("post_attention_norm"), f32t, &[e]);
     let (f, fx, x) = (p.n_ff as u64, p.n_ff_exp as u64, p.n_expert as u64);
     if i < p.n_leading_dense {
-        l.add(b("ffn_gate"), mix.weights, &[e, f]);
-        l.add(b("ffn_up"), mix.weights, &[e, f]);
-        l.add(b("ffn_down"), mix.weights, &[f, e]);
+        l.gated_ffn(i, "", mix.weights, e, f);
         return;
     }
     let shared = fx * p.n_expert_shared as u64;
     l.add(b("ffn_gate_inp"), f32t, &[e, x]);
     l.add(bias("exp_probs_b"), f32t, &[x]);
-    l.add(b("ffn_gate_exps"), mix.experts, &[e, fx, x]);
-    l.add(b("ffn_up_exps"), mix.experts, &[e, fx, x]);
-    l.add(b("ffn_down_exps"), mix.experts, &[fx, e, x]);
-    l.add(b("ffn_gate_shexp"), mix.weights, &[e, shared]);
-    l.add(b("ffn_up_shexp"), mix.weights, &[e, shared]);
-    l.add(b("ffn_down_shexp"), mix.weights, &[shared, e]);
+    l.experts(i, mix.experts, e, fx, x);
+    l.gated_ffn(i, "_shexp", mix.weights, e, shared);
 }
 
 /// Writes a synthetic model for `opts` to `out`.
