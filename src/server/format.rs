@@ -288,17 +288,29 @@ pub fn final_oai_completion(r: &FinalResult, p: &TaskParams, meta: &ResponseMeta
     } else {
         Value::Null
     };
+    let choice = json!({
+        "text": r.content,
+        "index": r.index,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(r.stop),
+    });
+    final_oai("text_completion", choice, r, p, meta)
+}
+
+/// The envelope of a finished OpenAI completion or chat reply around its one `choice`.
+fn final_oai(
+    object: &str,
+    choice: Value,
+    r: &FinalResult,
+    p: &TaskParams,
+    meta: &ResponseMeta<'_>,
+) -> Value {
     let mut o = json!({
-        "choices": [{
-            "text": r.content,
-            "index": r.index,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason(r.stop),
-        }],
+        "choices": [choice],
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": meta.fingerprint,
-        "object": "text_completion",
+        "object": object,
         "usage": usage_json(r),
         "id": meta.id,
     });
@@ -360,20 +372,7 @@ pub fn final_oai_chat(
     if !p.stream && !r.probs.is_empty() {
         choice["logprobs"] = json!({"content": probs_json(&r.probs, p.post_sampling_probs)});
     }
-    let mut o = json!({
-        "choices": [choice],
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": meta.fingerprint,
-        "object": "chat.completion",
-        "usage": usage_json(r),
-        "id": meta.id,
-    });
-    if p.verbose {
-        o["__verbose"] = final_native(r, p, meta.model);
-    }
-    o["timings"] = timings_json(&r.timings);
-    o
+    final_oai("chat.completion", choice, r, p, meta)
 }
 
 fn chat_chunk(index: usize, delta: Value, finish: Value, meta: &ResponseMeta<'_>) -> Value {
