@@ -646,8 +646,8 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     // --override-kv: every reader below sees the overridden values
     crate::model::apply_overrides(&mut gguf.metadata, &cfg.model.override_kv);
     // the overrides are in the metadata now; applying them again would warn twice
-    let inventory = Inventory::from_gguf(&gguf, &[])
-        .map_err(|e| LaunchError::Model(e.to_string()))?;
+    let inventory =
+        Inventory::from_gguf(&gguf, &[]).map_err(|e| LaunchError::Model(e.to_string()))?;
     let cards = cuda::device::list().unwrap_or_else(|e| {
         log::warn!("no CUDA card can be used ({e}); serving on the CPU");
         Vec::new()
