@@ -49,18 +49,20 @@ __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int 
 }
 
 // Row r of expert ids[p] times x row (p / x_div): x_div is the experts used per token when all
-// of a token's experts read the same input (gate, up), 1 when each has its own (down).
+// of a token's experts read the same input (gate, up), 1 when each has its own (down). A negative
+// id is an expert computed elsewhere (on the host): its output row is left as it is.
 template <int TY>
 __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expert_bytes, int k,
                                             int nrows, const int* ids, const float* x, int x_div,
                                             float* y) {
     const int r = blockIdx.x * MMV_WARPS + threadIdx.x / WARP;
     const int p = blockIdx.y;
-    if (r >= nrows) return;
+    const int id = ids[p];
+    if (r >= nrows || id < 0) return;
     float acc[MMV_MAX];
 #pragma unroll
     for (int col = 0; col < MMV_MAX; col++) acc[col] = 0.0f;
-    const u8* w = W + (i64)ids[p] * expert_bytes + r * row_bytes;
+    const u8* w = W + (i64)id * expert_bytes + r * row_bytes;
     mmv_lane<TY>(w, k, x + (i64)(p / x_div) * k, k, 1, acc);
     float s = warp_sum(acc[0]);
     if (threadIdx.x % WARP == 0) y[(i64)p * nrows + r] = s;

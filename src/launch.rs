@@ -17,9 +17,8 @@ use crate::chat::{
     ChatTemplates, Delta, OutputFormat, ReasoningFormat, RenderInputs, SpecialTokens, StreamParser,
     ToolSyntax,
 };
-use crate::cli::config::{DeviceChoice, GpuLayers};
 use crate::cli::{Config, PlacementIntent};
-use crate::engine::{self, EngineParams};
+use crate::engine::{self, CardExperts, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
 use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanRequest};
@@ -136,7 +135,7 @@ pub fn slot_shape(cfg: &Config, n_ctx: usize, n_ctx_train: usize) -> SlotShape {
 const MEMINFO: &str = "/proc/meminfo";
 
 /// The host as the planner weighs it: `MemAvailable` free of `MemTotal`.
-fn host_memory() -> Result<placement::DeviceInfo, LaunchError> {
+pub fn host_memory() -> Result<placement::DeviceInfo, LaunchError> {
     std::fs::read_to_string(MEMINFO)
         .map_err(|e| e.to_string())
         .and_then(|text| host_from_meminfo(&text))
@@ -192,17 +191,59 @@ pub fn plan_placement(
     .map_err(|e| LaunchError::Placement(e.to_string()))
 }
 
-/// Where the engine serves the model: the card `gpu` names (an ordinal), as the plan indexes
-/// `cards`, or the host.
-fn engine_location(gpu: Option<usize>, cards: &[cuda::DeviceInfo]) -> Location {
-    gpu.and_then(|ordinal| cards.iter().position(|c| c.ordinal == ordinal))
-        .map_or(Location::Host, Location::Card)
+/// How the engine executes `plan`: the card (ordinal) that serves it, with each MoE layer's
+/// experts that have a card copy (`None`: all of them); or `None`, the CPU. A card serves a plan
+/// that keeps every layer, KV cache, the output and all dense weights on it, whatever it leaves
+/// of the experts on the host or disk; any other plan is served on the CPU.
+pub fn execution(
+    plan: &Plan,
+    cards: &[cuda::DeviceInfo],
+    n_expert: usize,
+) -> Option<(usize, Option<CardExperts>)> {
+    let Location::Card(i) = plan.output else {
+        return None;
+    };
+    let at = Location::Card(i);
+    let dense_there = plan.layers.iter().all(|l| l.device == at && l.kv == at)
+        && plan
+            .tensors
+            .iter()
+            .all(|t| t.location == at || t.is_input() || t.expert);
+    if !dense_there {
+        return None;
+    }
+    let ordinal = cards.get(i)?.ordinal;
+    let experts_there = |il: usize| {
+        plan.tensors
+            .iter()
+            .filter(|t| t.expert && t.layer == Some(il as u32))
+            .all(|t| t.location == at)
+    };
+    if (0..plan.layers.len()).all(experts_there) {
+        return Some((ordinal, None));
+    }
+    let per_layer = plan
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(il, l)| {
+            if experts_there(il) {
+                (0..n_expert as u32).collect()
+            } else if l.experts.card == Some(i) {
+                l.experts.on_card.clone()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    Some((ordinal, Some(per_layer)))
 }
 
-/// The engine serves the whole model in one place (`at`): when the plan puts layers, weights or
-/// caches anywhere else, a warning that the split plan is shown but not executed. The input
-/// layer stays on the host in every plan and does not count.
-pub fn unexecuted_plan_warning(plan: &Plan, at: Location) -> Option<String> {
+/// The CPU serves the whole model: when the plan puts layers, weights or caches on a card, a
+/// warning that this split is shown but not executed. The input layer stays on the host in
+/// every plan and does not count.
+pub fn unexecuted_plan_warning(plan: &Plan) -> Option<String> {
+    let at = Location::Host;
     let executed = plan.output == at
         && plan.layers.iter().all(|l| l.device == at && l.kv == at)
         && plan
@@ -212,17 +253,13 @@ pub fn unexecuted_plan_warning(plan: &Plan, at: Location) -> Option<String> {
     if executed {
         return None;
     }
-    let serving = match at {
-        Location::Host => "the CPU".to_string(),
-        _ => plan.location_name(at),
-    };
     let pools: Vec<&str> = plan.pools().iter().map(|p| p.name.as_str()).collect();
     let planned = match pools[..] {
         [one] => format!("placement on {one}"),
         _ => format!("split over {}", pools.join(" + ")),
     };
     Some(format!(
-        "the engine serves the whole model on {serving}; the plan's {planned} is not executed yet"
+        "the engine serves the whole model on the CPU; the plan's {planned} is not executed yet (a card serves plans that keep every layer's attention and dense weights on it)"
     ))
 }
 
@@ -283,35 +320,7 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
         type_k: kv_type(&intent.cache_type_k.value),
         type_v: kv_type(&intent.cache_type_v.value),
         gpu: None,
-    }
-}
-
-/// The card that holds the whole model, from `-dev`, `-mg` and `-ngl` and the cards present:
-/// `None` serves on the CPU. Splitting layers between card and host is the planner's work and
-/// not built yet, so a partial `-ngl` serves on the CPU with a warning.
-pub fn whole_model_card(
-    intent: &PlacementIntent,
-    cards: &[crate::backend::cuda::DeviceInfo],
-    n_layer: usize,
-) -> Option<usize> {
-    let ordinal = match &intent.devices.value {
-        DeviceChoice::NoOffload => return None,
-        DeviceChoice::Named(names) => {
-            names
-                .iter()
-                .find_map(|n| cards.iter().find(|c| &c.name == n))?
-                .ordinal
-        }
-        DeviceChoice::All => {
-            let mg = intent.main_gpu.value.max(0) as usize;
-            cards.get(mg).or(cards.first())?.ordinal
-        }
-    };
-    // a partial -ngl serves on the CPU; the plan's warning at start says so
-    match intent.n_gpu_layers.value {
-        GpuLayers::Auto | GpuLayers::All => Some(ordinal),
-        GpuLayers::Count(n) if n as usize > n_layer => Some(ordinal),
-        GpuLayers::Count(_) => None,
+        card_experts: None,
     }
 }
 
@@ -665,12 +674,13 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let vocab = Vocab::from_gguf(&gguf).map_err(|e| LaunchError::Model(e.to_string()))?;
     let chat = chat_templates(&cfg, &gguf, &vocab)?;
     let mut params = engine_params(&cfg, &intent, shape);
-    // the card serves only a plan that keeps everything there (one that does not fit the card
-    // was planned onto card and host, which the engine does not execute yet)
-    params.gpu = whole_model_card(&intent, &cards, arch_int(&gguf, "block_count").unwrap_or(0))
-        .filter(|&c| unexecuted_plan_warning(&plan, engine_location(Some(c), &cards)).is_none());
-    if let Some(warning) = unexecuted_plan_warning(&plan, engine_location(params.gpu, &cards)) {
-        log::warn!("{warning}");
+    match execution(&plan, &cards, inventory.n_expert as usize) {
+        Some((card, experts)) => (params.gpu, params.card_experts) = (Some(card), experts),
+        None => {
+            if let Some(warning) = unexecuted_plan_warning(&plan) {
+                log::warn!("{warning}");
+            }
+        }
     }
     let engine = engine::load(&gguf, &params).map_err(|e| LaunchError::Engine(e.to_string()))?;
     let info = model_info(&cfg, &path, &gguf, &vocab, n_ctx_train);
@@ -826,36 +836,6 @@ mod tests {
             ("", text)
         );
         assert!(plain.reply_stream("", "deepseek", false).unwrap().is_none());
-    }
-
-    #[test]
-    fn whole_model_goes_to_the_card_the_flags_name() {
-        let card = |i: usize| crate::backend::cuda::DeviceInfo {
-            ordinal: i,
-            name: format!("CUDA{i}"),
-            description: "test card".into(),
-            free_bytes: 1 << 34,
-            total_bytes: 1 << 34,
-            compute_capability: (9, 0),
-        };
-        let two = [card(0), card(1)];
-        let pick = |args: &[&str], cards: &[crate::backend::cuda::DeviceInfo]| {
-            whole_model_card(&intent(args), cards, 24)
-        };
-        assert_eq!(pick(&[], &two), Some(0));
-        assert_eq!(pick(&[], &[]), None, "no card: the CPU serves");
-        assert_eq!(pick(&["-mg", "1"], &two), Some(1));
-        assert_eq!(pick(&["-dev", "CUDA1"], &two), Some(1));
-        assert_eq!(pick(&["-dev", "none"], &two), None);
-        assert_eq!(pick(&["-ngl", "0"], &two), None);
-        assert_eq!(pick(&["-ngl", "all"], &two), Some(0));
-        assert_eq!(pick(&["-ngl", "99"], &two), Some(0));
-        assert_eq!(pick(&["-ngl", "25"], &two), Some(0), "24 layers + output");
-        assert_eq!(
-            pick(&["-ngl", "10"], &two),
-            None,
-            "partial offload is not built"
-        );
     }
 
     #[test]
@@ -1019,25 +999,105 @@ mod tests {
         assert!(lines
             .iter()
             .any(|l| l.what == "layers 0-1 dense" && l.location == "host"));
-        // -ngl 1 puts the output on the card; the engine serves all of it on the CPU
+        // -ngl 1 puts the output on the card and the layers on the host: the CPU serves it all
+        assert_eq!(execution(&p, &cards, 0), None);
         assert_eq!(
-            unexecuted_plan_warning(&p, Location::Host).as_deref(),
-            Some("the engine serves the whole model on the CPU; the plan's split over CUDA0 + host is not executed yet")
-        );
-        assert!(
-            unexecuted_plan_warning(&p, Location::Card(0)).is_some(),
-            "layers on the host"
+            unexecuted_plan_warning(&p).as_deref(),
+            Some("the engine serves the whole model on the CPU; the plan's split over CUDA0 + host is not executed yet (a card serves plans that keep every layer's attention and dense weights on it)")
         );
         let host_only = planned(&["-dev", "none"], &cards, 1 << 16).unwrap();
-        assert_eq!(
-            unexecuted_plan_warning(&host_only, Location::Card(0)).as_deref(),
-            Some("the engine serves the whole model on CUDA0; the plan's placement on host is not executed yet")
-        );
+        assert_eq!(execution(&host_only, &cards, 0), None);
+        assert_eq!(unexecuted_plan_warning(&host_only), None);
         let whole = planned(&[], &cards, 1 << 16).unwrap();
-        assert_eq!(unexecuted_plan_warning(&whole, Location::Card(0)), None);
-        assert_eq!(unexecuted_plan_warning(&host_only, Location::Host), None);
-        assert_eq!(engine_location(Some(0), &cards), Location::Card(0));
-        assert_eq!(engine_location(None, &cards), Location::Host);
+        assert_eq!(execution(&whole, &cards, 0), Some((0, None)));
+    }
+
+    /// Two MoE layers of 64 MiB attention and 3 x 64 MiB of experts (8 experts), 64 MiB output.
+    fn moe_inventory() -> Inventory {
+        use crate::placement::{LayerKv, TensorEntry};
+        const MIB: u64 = 1 << 20;
+        let mut tensors = vec![
+            TensorEntry::new("token_embd.weight", 32 * MIB),
+            TensorEntry::new("output.weight", 64 * MIB),
+        ];
+        for il in 0..2 {
+            tensors.push(TensorEntry::new(
+                &format!("blk.{il}.attn_q.weight"),
+                64 * MIB,
+            ));
+            for m in ["gate", "up", "down"] {
+                tensors.push(TensorEntry::new(
+                    &format!("blk.{il}.ffn_{m}_exps.weight"),
+                    64 * MIB,
+                ));
+            }
+        }
+        let kv = LayerKv {
+            k: 256,
+            v: 256,
+            window: None,
+        };
+        Inventory {
+            tensors,
+            n_layer: 2,
+            n_expert: 8,
+            n_ctx_train: 8192,
+            kv: vec![kv; 2],
+            tied_output_bytes: 0,
+            n_embd: 64,
+            n_vocab: 1000,
+            n_ff_active: 256,
+        }
+    }
+
+    #[test]
+    fn the_card_serves_plans_that_leave_experts_on_the_host() {
+        let run = |args: &[&str], card_mib: usize| {
+            let cards = [card(card_mib)];
+            let plan = plan_placement(
+                &cfg(args),
+                &intent(args),
+                &moe_inventory(),
+                &cards,
+                &host(1 << 16),
+            )
+            .unwrap();
+            (execution(&plan, &cards, 8), plan)
+        };
+        let all: Vec<u32> = (0..8).collect();
+        assert_eq!(
+            run(&["-c", "4096"], 4096).0,
+            Some((0, None)),
+            "all on the card"
+        );
+        assert_eq!(
+            run(&["-c", "4096", "--cpu-moe"], 4096).0,
+            Some((0, Some(vec![vec![], vec![]]))),
+            "every expert on the host"
+        );
+        assert_eq!(
+            run(&["-c", "4096", "-ncmoe", "1"], 4096).0,
+            Some((0, Some(vec![vec![], all.clone()]))),
+            "the first layer's experts on the host"
+        );
+        assert_eq!(run(&["-c", "4096", "-ngl", "0"], 4096).0, None);
+        // a card too small for every expert: the automatic plan copies as many as fit
+        let (exec, plan) = run(&["-c", "4096"], 1400);
+        let Some((0, Some(per_layer))) = exec else {
+            panic!("the card serves with some experts on the host: {exec:?}");
+        };
+        for (il, l) in plan.layers.iter().enumerate() {
+            let expect = if l.experts.card == Some(0) {
+                l.experts.on_card.clone()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(per_layer[il], expect, "layer {il}");
+        }
+        assert!(
+            per_layer.iter().map(Vec::len).sum::<usize>() < 16,
+            "some experts stay on the host"
+        );
     }
 
     #[test]

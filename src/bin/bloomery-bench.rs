@@ -1,13 +1,17 @@
-//! `bloomery-bench`: prompt-processing and generation speed of the engine (CPU, or the whole
-//! model on a CUDA card with `--gpu N`), reported like llama.cpp's `llama-bench` (pp: one prompt
-//! of N tokens; tg: M tokens decoded one at a time).
+//! `bloomery-bench`: prompt-processing and generation speed of the engine (CPU, or a CUDA card
+//! with `--gpu N`), reported like llama.cpp's `llama-bench` (pp: one prompt of N tokens in
+//! batches of `-b`; tg: M tokens decoded one at a time). With a card the model is placed as
+//! `bloomery-serve` places it: llama-server placement flags after `--` (`-- --cpu-moe`,
+//! `-- -ncmoe 30`) and `BLOOMERY_CARD_BUDGET` mean what they mean there.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use bloomery::engine::{self, Batch, EngineParams};
+use bloomery::engine::{self, Batch, CardExperts, EngineParams};
+use bloomery::launch;
 use bloomery::model::{GgmlType, GgufFile};
+use bloomery::placement::Inventory;
 use clap::{Arg, ArgAction, Command};
 
 fn cli() -> Command {
@@ -24,7 +28,7 @@ fn cli() -> Command {
         .arg(
             Arg::new("gpu")
                 .long("gpu")
-                .help("CUDA card that holds the whole model (default: the CPU)")
+                .help("CUDA card that serves the model, placed as bloomery-serve would (default: the CPU)")
                 .value_parser(clap::value_parser!(usize)),
         )
         .arg(
@@ -37,6 +41,7 @@ fn cli() -> Command {
         .arg(num("n-prompt", 'p', "prompt tokens (0: skip pp)", "512"))
         .arg(num("n-gen", 'n', "generated tokens (0: skip tg)", "128"))
         .arg(num("threads", 't', "threads", "2"))
+        .arg(num("batch-size", 'b', "prompt tokens per engine call", "2048"))
         .arg(num("ubatch-size", 'u', "tokens per forward pass", "512"))
         .arg(num("repetitions", 'r', "repetitions of each test", "1"))
         .arg(
@@ -46,6 +51,13 @@ fn cli() -> Command {
                     "comma-separated prompt token ids: print the greedy continuation of -n tokens",
                 )
                 .action(ArgAction::Set),
+        )
+        .arg(
+            Arg::new("placement")
+                .help("llama-server placement flags for the card (after --)")
+                .num_args(0..)
+                .last(true)
+                .allow_hyphen_values(true),
         )
 }
 
@@ -65,16 +77,26 @@ fn main() -> ExitCode {
 fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result<(), String> {
     let gguf = GgufFile::open(path).map_err(|e| e.to_string())?;
     let (n_prompt, n_gen) = (get("n-prompt"), get("n-gen"));
-    let params = EngineParams {
-        n_ctx_seq: (n_prompt + n_gen).max(1),
+    let n_ctx = (n_prompt + n_gen).max(1);
+    let mut params = EngineParams {
+        n_ctx_seq: n_ctx,
         n_seq_max: 1,
         n_threads: get("threads"),
         n_threads_batch: get("threads"),
         n_ubatch: get("ubatch-size"),
         type_k: GgmlType::F16,
         type_v: GgmlType::F16,
-        gpu: m.get_one::<usize>("gpu").copied(),
+        gpu: None,
+        card_experts: None,
     };
+    if let Some(&ordinal) = m.get_one::<usize>("gpu") {
+        let extra: Vec<String> = m
+            .get_many::<String>("placement")
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default();
+        let (card, experts) = card_placement(path, &gguf, ordinal, n_ctx, &extra)?;
+        (params.gpu, params.card_experts) = (Some(card), experts);
+    }
     let mut eng = engine::load(&gguf, &params).map_err(|e| e.to_string())?;
     if params.gpu.is_some() {
         // one untimed pass of each shape, so kernel loading and library start-up stay out
@@ -122,13 +144,21 @@ fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result
         let mut speeds = Vec::new();
         for _ in 0..reps {
             eng.seq_rm(0, 0, None);
-            let mut b = Batch::default();
-            for i in 0..n_prompt {
-                b.push(pseudo(i), i as u32, 0, i + 1 == n_prompt);
-            }
+            let batches: Vec<Batch> = (0..n_prompt)
+                .step_by(get("batch-size").max(1))
+                .map(|start| {
+                    let mut b = Batch::default();
+                    for i in start..(start + get("batch-size").max(1)).min(n_prompt) {
+                        b.push(pseudo(i), i as u32, 0, i + 1 == n_prompt);
+                    }
+                    b
+                })
+                .collect();
             logits.clear();
             let t0 = Instant::now();
-            eng.decode(&b, &mut logits).map_err(|e| e.to_string())?;
+            for b in &batches {
+                eng.decode(b, &mut logits).map_err(|e| e.to_string())?;
+            }
             speeds.push(n_prompt as f64 / t0.elapsed().as_secs_f64());
         }
         println!(
@@ -157,6 +187,41 @@ fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result
         );
     }
     Ok(())
+}
+
+/// The card and its experts as `bloomery-serve -m PATH -c N_CTX -np 1 -dev CUDA<ordinal>
+/// EXTRA...` would place the model; an error when that plan is not served by the card.
+fn card_placement(
+    path: &Path,
+    gguf: &GgufFile,
+    ordinal: usize,
+    n_ctx: usize,
+    extra: &[String],
+) -> Result<(usize, Option<CardExperts>), String> {
+    let mut argv: Vec<String> = ["bloomery-serve", "-m"].map(String::from).to_vec();
+    argv.push(path.display().to_string());
+    for a in [
+        "-c",
+        &n_ctx.to_string(),
+        "-np",
+        "1",
+        "-dev",
+        &format!("CUDA{ordinal}"),
+    ] {
+        argv.push(a.to_string());
+    }
+    argv.extend(extra.iter().cloned());
+    let parsed = bloomery::cli::parse(&argv, &|k: &str| std::env::var(k).ok())
+        .map_err(|e| format!("placement flags {extra:?}: {}", e.message))?;
+    let inventory = Inventory::from_gguf(gguf, &[]).map_err(|e| e.to_string())?;
+    let cards = bloomery::backend::cuda::device::list().map_err(|e| e.to_string())?;
+    let host = launch::host_memory().map_err(|e| e.to_string())?;
+    let plan = launch::plan_placement(&parsed.config, &parsed.placement, &inventory, &cards, &host)
+        .map_err(|e| e.to_string())?;
+    eprintln!("{}", plan.to_string().trim_end());
+    launch::execution(&plan, &cards, inventory.n_expert as usize).ok_or_else(|| {
+        "that plan keeps layers off the card, which only the CPU engine serves".into()
+    })
 }
 
 fn argmax(v: &[f32]) -> u32 {

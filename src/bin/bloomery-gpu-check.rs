@@ -1,14 +1,16 @@
 //! Checks the CUDA backend on the card it runs on: every kernel against the CPU reference on
 //! random data, then each model given end to end against the CPU engine (logprobs on a prompt
-//! and on a greedy continuation fed to both). Exits non-zero on any failure. Run through
-//! scripts/gpu-check.sh.
+//! and on a greedy continuation fed to both), and each mixture-of-experts model with experts
+//! left on the host (all of them, and every other one) against all of them on the card: a long
+//! prompt (streamed), a short one (computed on the host) and a greedy run. Exits non-zero on any
+//! failure. Run through scripts/gpu-check.sh.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use bloomery::backend::cuda::{check, device, Cuda};
-use bloomery::engine::{self, Batch, EngineParams};
+use bloomery::engine::{self, Batch, EngineParams, Forward};
 use bloomery::model::GgufFile;
 
 /// Largest difference of a log-probability in the CPU's top 5 allowed between the engines.
@@ -161,6 +163,148 @@ fn model_check(path: &Path) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// Logits of `tokens` as one batch of sequence `seq` from position `p0`, every row wanted.
+fn run_prompt(
+    eng: &mut dyn Forward,
+    tokens: &[u32],
+    seq: u32,
+    p0: usize,
+) -> Result<Vec<f32>, String> {
+    let mut b = Batch::default();
+    for (i, &t) in tokens.iter().enumerate() {
+        b.push(t, (p0 + i) as u32, seq, true);
+    }
+    let mut out = Vec::new();
+    eng.decode(&b, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// `n` greedy tokens of sequence `seq` after `last` logits, from position `p0`.
+fn greedy(
+    eng: &mut dyn Forward,
+    last: &[f32],
+    seq: u32,
+    p0: usize,
+    n: usize,
+) -> Result<(Vec<u32>, Vec<f32>), String> {
+    let mut next = top(last, 1)[0] as u32;
+    let (mut tokens, mut rows) = (Vec::new(), Vec::new());
+    for step in 0..n {
+        tokens.push(next);
+        let mut b = Batch::default();
+        b.push(next, (p0 + step) as u32, seq, true);
+        let mut g = Vec::new();
+        eng.decode(&b, &mut g).map_err(|e| e.to_string())?;
+        next = top(&g, 1)[0] as u32;
+        rows.extend(g);
+    }
+    Ok((tokens, rows))
+}
+
+/// A mixture-of-experts model with experts on the host against all of them on the card.
+fn placement_check(path: &Path) -> Result<bool, String> {
+    let gguf = GgufFile::open(path).map_err(|e| e.to_string())?;
+    let arch = gguf.architecture().unwrap_or_default().to_string();
+    let int = |k: &str| {
+        gguf.get(&format!("{arch}.{k}"))
+            .and_then(|v| v.as_i64())
+            .unwrap_or(0) as usize
+    };
+    let (n_layer, n_expert) = (int("block_count"), int("expert_count"));
+    if n_expert == 0 {
+        return Ok(true);
+    }
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let params = EngineParams {
+        n_ctx_seq: 256,
+        n_seq_max: 2,
+        n_threads: threads,
+        n_threads_batch: threads,
+        n_ubatch: 32,
+        gpu: Some(0),
+        ..EngineParams::default()
+    };
+    let mut whole = engine::load(&gguf, &params).map_err(|e| e.to_string())?;
+    let nv = whole.n_vocab();
+    let long: Vec<u32> = (0..80).map(|i| ((i * 7919 + 13) % nv) as u32).collect();
+    let short: Vec<u32> = (0..12).map(|i| ((i * 104_729 + 7) % nv) as u32).collect();
+    let n_gen = 24;
+    let ref_long = run_prompt(whole.as_mut(), &long, 0, 0)?;
+    let (ref_tokens, ref_rows) = greedy(
+        whole.as_mut(),
+        &ref_long[(long.len() - 1) * nv..],
+        0,
+        long.len(),
+        n_gen,
+    )?;
+    let ref_short = run_prompt(whole.as_mut(), &short, 1, 0)?;
+    let mut ok = true;
+    let variants: [(&str, Vec<Vec<u32>>); 2] = [
+        ("every expert on the host", vec![Vec::new(); n_layer]),
+        (
+            "every other expert on the host, layer 0 all on the card",
+            (0..n_layer)
+                .map(|il| {
+                    (0..n_expert as u32)
+                        .filter(|x| il == 0 || x % 2 == 0)
+                        .collect()
+                })
+                .collect(),
+        ),
+    ];
+    for (what, experts) in variants {
+        let mut eng = engine::load(
+            &gguf,
+            &EngineParams {
+                card_experts: Some(experts),
+                ..params.clone()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        let l = run_prompt(eng.as_mut(), &long, 0, 0)?;
+        let pp = t0.elapsed();
+        let t1 = Instant::now();
+        let (tokens, rows) = greedy(
+            eng.as_mut(),
+            &l[(long.len() - 1) * nv..],
+            0,
+            long.len(),
+            n_gen,
+        )?;
+        let tg = t1.elapsed();
+        let s = run_prompt(eng.as_mut(), &short, 1, 0)?;
+        let (mut c_long, mut c_gen, mut c_short) =
+            (Compare::default(), Compare::default(), Compare::default());
+        c_long.rows(&ref_long, &l, nv);
+        c_short.rows(&ref_short, &s, nv);
+        let same = tokens
+            .iter()
+            .zip(&ref_tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let upto = same.min(n_gen) * nv;
+        c_gen.rows(&ref_rows[..upto], &rows[..upto], nv);
+        let good = c_long.ok() && c_short.ok() && c_gen.ok() && same == n_gen;
+        ok &= good;
+        println!(
+            "model {} with {what}: streamed prompt of {} rows max |dlogprob| {:.4} (argmax misses {}), host-computed prompt of {} rows {:.4} (misses {}), greedy tokens equal to all-on-card for {same}/{n_gen} (decode rows {:.4}); prompt {:.1} ms, decode {:.2} ms/token -> {}",
+            path.display(),
+            c_long.rows,
+            c_long.max_diff,
+            c_long.argmax_miss,
+            c_short.rows,
+            c_short.max_diff,
+            c_short.argmax_miss,
+            c_gen.max_diff,
+            pp.as_secs_f64() * 1e3,
+            tg.as_secs_f64() * 1e3 / n_gen as f64,
+            if good { "ok" } else { "FAIL" }
+        );
+    }
+    Ok(ok)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -223,11 +367,13 @@ fn main() -> ExitCode {
     }
     drop(cuda);
     for a in &args {
-        match model_check(&PathBuf::from(a)) {
-            Ok(good) => ok &= good,
-            Err(e) => {
-                println!("model {a}: {e} -> FAIL");
-                ok = false;
+        for check in [model_check, placement_check] {
+            match check(&PathBuf::from(a)) {
+                Ok(good) => ok &= good,
+                Err(e) => {
+                    println!("model {a}: {e} -> FAIL");
+                    ok = false;
+                }
             }
         }
     }

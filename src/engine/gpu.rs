@@ -1,15 +1,27 @@
-//! The forward pass with the whole model on one CUDA card: the same blocks as `model.rs` (it
-//! loads the same [`Weights`]), each one a kernel launch on the card's stream. The KV cache is
-//! f16 on the card, one row per (sequence, position); the host keeps only each sequence's
-//! length. Mixture-of-experts layers run the chosen experts' rows directly for decode and group
-//! tokens by expert for prompts.
+//! The forward pass on one CUDA card: the same blocks as `model.rs` (it loads the same
+//! [`Weights`]), each one a kernel launch on the card's stream. The KV cache is f16 on the card,
+//! one row per (sequence, position); the host keeps only each sequence's length.
+//!
+//! Mixture-of-experts layers run the chosen experts' rows directly for decode and group tokens by
+//! expert for prompts. Experts need not all be on the card: each layer keeps card copies of the
+//! experts the plan gave it (`EngineParams::card_experts`) and the rest stay in the mapped file.
+//! Small batches compute those host experts on the CPU, beside the card's work on its own
+//! experts; a pass of at least [`STREAM_MIN_TOKENS`] tokens instead streams each layer's host
+//! experts onto the card through a ring of two layer-sized buffers (the copy of the next layer
+//! overlapping the products of this one), running every ubatch of the pass through a layer
+//! before the next, so host experts cross the bus once per pass rather than once per ubatch.
 
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::model::{Ffn, Weights};
+use super::moe::{expert_pairs, PairBufs};
+use super::tier::ring::Ring;
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
+use crate::backend::cpu::ThreadPool;
 use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
-use crate::backend::cuda::{Buf, Cuda, CudaError, DevBuf, DevMatrix, Graph, RowMove};
+use crate::backend::cuda::{
+    page_spans, Buf, Cuda, CudaError, DevBuf, DevMatrix, Event, Graph, Pinned, RowMove,
+};
 use crate::model::GgmlType;
 
 impl From<CudaError> for EngineError {
@@ -26,11 +38,53 @@ enum GpuFfn {
     },
     Moe {
         router: DevMatrix,
-        gate: DevMatrix,
-        up: DevMatrix,
-        down: DevMatrix,
+        experts: Box<Experts>,
     },
 }
+
+/// The experts of one layer: card copies of some (or all) of them, in slot order, and the whole
+/// expert tensors in the mapped file when some have no copy.
+struct Experts {
+    /// gate, up and down of the experts with a card slot.
+    card: [DevMatrix; 3],
+    /// The card slot of each expert, -1 for one that lives on the host only.
+    slot: Vec<i32>,
+    host: Option<[Tensor; 3]>,
+}
+
+impl Experts {
+    fn all_on_card(&self) -> bool {
+        self.host.is_none()
+    }
+}
+
+/// The CPU side of a card that computes host experts: its threads, buffers, and the step's
+/// routing and activations brought over from the card.
+struct HostSide {
+    pool: ThreadPool,
+    bufs: PairBufs,
+    ids: Vec<i32>,
+    x: Vec<f32>,
+    y: Vec<f32>,
+}
+
+/// Card buffers that host experts stream through during a long prompt pass, each the size of a
+/// layer's expert tensors, with the events that order their copies (side stream) against the
+/// products that read them (main stream).
+struct Stream {
+    ring: Ring<usize>,
+    bufs: Vec<[DevMatrix; 3]>,
+    copied: Vec<Option<Event>>,
+    released: Vec<Option<Event>>,
+    /// The host expert tensors, page-locked so their copies run on the copy engine.
+    _pinned: Vec<Pinned>,
+}
+
+/// A pass of at least this many tokens streams host experts through the card; a smaller one
+/// computes them on the CPU (upstream moves work to the card from 32 tokens on as well).
+const STREAM_MIN_TOKENS: usize = 32;
+/// Ring buffers: two let the next layer's copy overlap this layer's products.
+const RING_BUFFERS: usize = 2;
 
 struct GpuLayer {
     attn_norm: DevBuf,
@@ -71,6 +125,10 @@ struct Scratch {
     moe_ids: DevBuf,
     moe_w: DevBuf,
     moe_y: DevBuf,
+    /// card slot of each (token, expert) pair (-1: computed on the host), and the pairs the host
+    /// computed
+    slot_ids: DevBuf,
+    host_rows: DevBuf,
     /// tokens, positions, sequence bases, cells and wanted rows of the ubatch
     ints: DevBuf,
     /// per-expert token and pair lists of a prompt pass, padded to the largest group
@@ -143,8 +201,22 @@ pub struct GpuModel {
     n_ubatch: usize,
     s: Scratch,
     host_ints: Vec<i32>,
-    /// The layers of a decode step of `n` tokens (index `n - 1`), captured once and replayed.
+    /// The layers of a decode step of `n` tokens (index `n - 1`), captured once and replayed
+    /// (only when every expert is on the card: host experts need a round trip inside the step).
     graphs: Vec<Option<Graph>>,
+    /// Present when some experts live on the host.
+    host: Option<HostSide>,
+    stream: Option<Stream>,
+    /// The residual stream and the index lists of every ubatch of a streamed pass.
+    pass_x: DevBuf,
+    pass_ints: DevBuf,
+}
+
+/// Where one ubatch's residual stream and index lists are on the card.
+#[derive(Clone, Copy)]
+struct Io {
+    x: u64,
+    ints: u64,
 }
 
 fn matrix(cuda: &Cuda, t: &Tensor, n_expert: usize) -> Result<DevMatrix, EngineError> {
@@ -157,6 +229,119 @@ fn opt_f32(cuda: &Cuda, v: &Option<Vec<f32>>) -> Result<Option<DevBuf>, EngineEr
     Ok(match v {
         Some(v) => Some(cuda.upload_f32(v)?),
         None => None,
+    })
+}
+
+/// A layer's experts on the card: all of them (`chosen` is `None`), or card copies of the
+/// ascending expert indices in `chosen` with the tensors kept in the mapped file for the rest.
+fn experts(
+    cuda: &Cuda,
+    tensors: [&Tensor; 3],
+    n_expert: usize,
+    chosen: Option<&[u32]>,
+) -> Result<Experts, EngineError> {
+    let all: Vec<u32>;
+    let chosen = match chosen {
+        Some(c) => c,
+        None => {
+            all = (0..n_expert as u32).collect();
+            &all
+        }
+    };
+    let mut slot = vec![-1i32; n_expert];
+    for (i, &x) in chosen.iter().enumerate() {
+        let s = slot.get_mut(x as usize).ok_or_else(|| {
+            EngineError::Load(format!(
+                "the plan puts expert {x} of {} on the card: the layer has {n_expert}",
+                tensors[0].name
+            ))
+        })?;
+        *s = i as i32;
+    }
+    let whole = chosen.len() == n_expert;
+    let mut card = Vec::with_capacity(3);
+    for t in tensors {
+        if whole {
+            card.push(matrix(cuda, t, n_expert)?);
+            continue;
+        }
+        let eb = t.data().len() / n_expert;
+        let mut bytes = Vec::with_capacity(chosen.len() * eb);
+        for &x in chosen {
+            bytes.extend_from_slice(&t.data()[x as usize * eb..(x as usize + 1) * eb]);
+        }
+        let rows = t.shape[1..].iter().product::<usize>() / n_expert;
+        let m = cuda
+            .upload_matrix(&bytes, t.ty, t.shape[0], rows, chosen.len())
+            .map_err(|e| EngineError::Load(format!("{}: {e}", t.name)))?;
+        card.push(m);
+    }
+    let [gate, up, down]: [DevMatrix; 3] = card
+        .try_into()
+        .map_err(|_| EngineError::Load("three expert tensors".into()))?;
+    Ok(Experts {
+        card: [gate, up, down],
+        host: (!whole).then(|| tensors.map(Tensor::clone)),
+        slot,
+    })
+}
+
+/// The streaming ring, sized for the largest host layer, with the host expert tensors
+/// page-locked (the copies still run, through the driver's staging, if locking is refused).
+fn stream_ring(cuda: &Cuda, host_layers: &[&Experts]) -> Result<Stream, EngineError> {
+    let mut max = [0usize; 3];
+    let mut ranges = Vec::new();
+    for x in host_layers {
+        for (i, t) in x.host.iter().flatten().enumerate() {
+            let d = t.data();
+            max[i] = max[i].max(d.len());
+            ranges.push((d.as_ptr() as usize, d.as_ptr() as usize + d.len()));
+        }
+    }
+    let mut bufs = Vec::new();
+    for _ in 0..RING_BUFFERS {
+        let mut b = Vec::new();
+        for &bytes in &max {
+            b.push(DevMatrix {
+                buf: cuda.gpu.alloc(bytes)?,
+                ty: GgmlType::F32,
+                k: 0,
+                rows: 0,
+                n_expert: 0,
+                row_bytes: 0,
+            });
+        }
+        let [g, u, d]: [DevMatrix; 3] = b
+            .try_into()
+            .map_err(|_| EngineError::Load("three ring matrices".into()))?;
+        bufs.push([g, u, d]);
+    }
+    let mut pinned = Vec::new();
+    for (a, b) in page_spans(&ranges, 4096) {
+        // SAFETY: whole pages of the mapped model file around the expert tensors (a mapping
+        // covers whole pages), alive as long as the tensors that `Experts` holds.
+        let range = unsafe { std::slice::from_raw_parts(a as *const u8, b - a) };
+        match cuda.gpu.pin(range) {
+            Ok(p) => pinned.push(p),
+            Err(e) => {
+                log::warn!("streaming host experts without page-locked memory (slower): {e}");
+                pinned.clear();
+                break;
+            }
+        }
+    }
+    let total: usize = max.iter().sum::<usize>() * RING_BUFFERS;
+    log::info!(
+        "expert streaming ring: {RING_BUFFERS} x {} MiB on the card, {} MiB of host experts page-locked",
+        (total / RING_BUFFERS) >> 20,
+        ranges.iter().map(|r| r.1 - r.0).sum::<usize>() >> 20
+    );
+    Ok(Stream {
+        ring: Ring::new(RING_BUFFERS),
+        bufs,
+        copied: (0..RING_BUFFERS).map(|_| None).collect(),
+        released: (0..RING_BUFFERS).map(|_| None).collect(),
+        _pinned: pinned,
     })
 }
 
@@ -234,12 +419,16 @@ impl GpuModel {
                     gate,
                     up,
                     down,
-                } => GpuFfn::Moe {
-                    router: matrix(&cuda, router, 1)?,
-                    gate: matrix(&cuda, gate, hp.n_expert)?,
-                    up: matrix(&cuda, up, hp.n_expert)?,
-                    down: matrix(&cuda, down, hp.n_expert)?,
-                },
+                } => {
+                    let chosen = params
+                        .card_experts
+                        .as_ref()
+                        .map(|c| c.get(layers.len()).map_or(&[][..], Vec::as_slice));
+                    GpuFfn::Moe {
+                        router: matrix(&cuda, router, 1)?,
+                        experts: Box::new(experts(&cuda, [gate, up, down], hp.n_expert, chosen)?),
+                    }
+                }
             };
             layers.push(GpuLayer {
                 attn_norm: cuda.upload_f32(&l.attn_norm)?,
@@ -287,11 +476,47 @@ impl GpuModel {
             moe_ids: f(nub * k_used)?,
             moe_w: f(nub * k_used)?,
             moe_y: f(nub * k_used * e)?,
+            slot_ids: f(nub * k_used)?,
+            host_rows: f(nub * k_used)?,
             ints: f(5 * nub)?,
             moe_lists: f(2 * hp.n_expert * nub)?,
             logits: f(LOGIT_ROWS * w.n_vocab)?,
         };
+        let host_layers: Vec<&Experts> = layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                GpuFfn::Moe { experts, .. } if !experts.all_on_card() => Some(experts.as_ref()),
+                _ => None,
+            })
+            .collect();
+        let (host, stream) = if host_layers.is_empty() {
+            (None, None)
+        } else {
+            let on_card: usize = host_layers
+                .iter()
+                .map(|x| x.slot.iter().filter(|&&s| s >= 0).count())
+                .sum();
+            log::info!(
+                "{} of {} layers keep experts on the host ({} card copies among them); {} CPU threads compute them for small batches, prompts of {STREAM_MIN_TOKENS}+ tokens stream them",
+                host_layers.len(),
+                w.layers.len(),
+                on_card,
+                params.n_threads
+            );
+            let host = HostSide {
+                pool: ThreadPool::new(params.n_threads),
+                bufs: PairBufs::default(),
+                ids: Vec::new(),
+                x: Vec::new(),
+                y: Vec::new(),
+            };
+            (Some(host), Some(stream_ring(&cuda, &host_layers)?))
+        };
         let model = GpuModel {
+            host,
+            stream,
+            pass_x: cuda.gpu.alloc(0)?,
+            pass_ints: cuda.gpu.alloc(0)?,
             spec,
             n_vocab: w.n_vocab,
             tok_embd: matrix(&cuda, &w.tok_embd, 1)?,
@@ -339,6 +564,34 @@ impl GpuModel {
         Ok(())
     }
 
+    /// Uploads the index lists of entries `r` of `batch` to `ints` (tokens, positions, sequence
+    /// bases, cells, wanted rows); returns the wanted rows and how the entries attend.
+    fn prepare(
+        &mut self,
+        batch: &Batch,
+        r: std::ops::Range<usize>,
+        ints: u64,
+    ) -> Result<(Vec<usize>, Vec<Span>), CudaError> {
+        let n = r.len();
+        let host = &mut self.host_ints;
+        host.clear();
+        host.extend(batch.tokens[r.clone()].iter().map(|&t| t as i32));
+        host.extend(batch.pos[r.clone()].iter().map(|&p| p as i32));
+        host.extend(
+            batch.seq[r.clone()]
+                .iter()
+                .map(|&s| (s as usize * self.n_ctx_seq) as i32),
+        );
+        for i in r.clone() {
+            host.push((batch.seq[i] as usize * self.n_ctx_seq) as i32 + batch.pos[i] as i32);
+        }
+        let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
+        host.extend(wanted.iter().map(|&i| i as i32));
+        self.cuda.gpu.upload(ints, host)?;
+        Ok((wanted, spans(&batch.seq[r.clone()], &batch.pos[r])))
+    }
+
+    /// One ubatch through every layer.
     fn ubatch(
         &mut self,
         batch: &Batch,
@@ -346,28 +599,16 @@ impl GpuModel {
         out: &mut Vec<f32>,
     ) -> Result<(), CudaError> {
         let n = r.len();
-        let e = self.hp.n_embd;
-        let ints = &mut self.host_ints;
-        ints.clear();
-        ints.extend(batch.tokens[r.clone()].iter().map(|&t| t as i32));
-        ints.extend(batch.pos[r.clone()].iter().map(|&p| p as i32));
-        ints.extend(
-            batch.seq[r.clone()]
-                .iter()
-                .map(|&s| (s as usize * self.n_ctx_seq) as i32),
-        );
-        for i in r.clone() {
-            ints.push((batch.seq[i] as usize * self.n_ctx_seq) as i32 + batch.pos[i] as i32);
-        }
-        let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
-        ints.extend(wanted.iter().map(|&i| i as i32));
-        self.cuda.gpu.upload(self.s.ints.ptr(), ints)?;
-        let spans = spans(&batch.seq[r.clone()], &batch.pos[r.clone()]);
-        if n <= MMV_MAX {
+        let io = Io {
+            x: self.s.x.ptr(),
+            ints: self.s.ints.ptr(),
+        };
+        let (wanted, spans) = self.prepare(batch, r, io.ints)?;
+        if n <= MMV_MAX && self.host.is_none() {
             // a decode step: no host round trip inside, so the layers replay as one graph
             if self.graphs[n - 1].is_none() {
                 self.cuda.gpu.begin_capture()?;
-                let recorded = self.layers(n, &spans);
+                let recorded = self.layers(n, &spans, io);
                 let graph = self.cuda.gpu.end_capture();
                 recorded?;
                 self.graphs[n - 1] = Some(graph?);
@@ -376,18 +617,202 @@ impl GpuModel {
                 g.launch()?;
             }
         } else {
-            self.layers(n, &spans)?;
+            self.layers(n, &spans, io)?;
         }
+        self.logits(n, &wanted, io, out)
+    }
+
+    fn layers(&mut self, n: usize, spans: &[Span], io: Io) -> Result<(), CudaError> {
+        self.embed(n, io)?;
+        for il in 0..self.layers.len() {
+            self.layer(il, n, spans, io, None)?;
+        }
+        Ok(())
+    }
+
+    /// A whole batch with host experts streamed: every ubatch goes through a layer before the
+    /// next layer, whose host experts were copied onto the card while this one ran.
+    fn streamed_pass(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), CudaError> {
+        let (total, e) = (batch.len(), self.hp.n_embd);
+        if let Some(st) = &mut self.stream {
+            // a pass that failed midway left its buffers taken; the copies it queued still
+            // run first on the side stream, and new products wait for the new copies
+            st.ring = Ring::new(RING_BUFFERS);
+        }
+        if self.pass_x.bytes() < total * e * 4 {
+            self.pass_x = self.cuda.gpu.alloc(0)?;
+            self.pass_x = self.cuda.gpu.alloc(total * e * 4)?;
+        }
+        if self.pass_ints.bytes() < total * 5 * 4 {
+            self.pass_ints = self.cuda.gpu.alloc(0)?;
+            self.pass_ints = self.cuda.gpu.alloc(total * 5 * 4)?;
+        }
+        let mut chunks = Vec::new();
+        for start in (0..total).step_by(self.n_ubatch) {
+            let r = start..(start + self.n_ubatch).min(total);
+            let io = Io {
+                x: self.pass_x.at(start * e * 4),
+                ints: self.pass_ints.at(start * 5 * 4),
+            };
+            let n = r.len();
+            let (wanted, spans) = self.prepare(batch, r, io.ints)?;
+            self.embed(n, io)?;
+            chunks.push((n, io, wanted, spans));
+        }
+        let order: Vec<usize> = (0..self.layers.len())
+            .filter(|&il| self.host_experts(il))
+            .collect();
+        let mut next = 0;
+        while next < order.len().min(RING_BUFFERS) {
+            self.stream_fill(order[next])?;
+            next += 1;
+        }
+        for il in 0..self.layers.len() {
+            let buf = if self.host_experts(il) {
+                Some(self.stream_take(il)?)
+            } else {
+                None
+            };
+            for (n, io, _, spans) in &chunks {
+                self.layer(il, *n, spans, *io, buf)?;
+            }
+            if let Some(b) = buf {
+                self.stream_release(b)?;
+                if next < order.len() {
+                    self.stream_fill(order[next])?;
+                    next += 1;
+                }
+            }
+        }
+        for (n, io, wanted, _) in &chunks {
+            self.logits(*n, wanted, *io, out)?;
+        }
+        Ok(())
+    }
+
+    fn host_experts(&self, il: usize) -> bool {
+        matches!(&self.layers[il].ffn, GpuFfn::Moe { experts, .. } if !experts.all_on_card())
+    }
+
+    /// Queues the copy of layer `il`'s experts into the next ring buffer (side stream, after the
+    /// products that last read that buffer): host experts from the mapped file, the rest from
+    /// their card slots, in runs of consecutive experts.
+    fn stream_fill(&mut self, il: usize) -> Result<(), CudaError> {
+        let ring_err = |e: super::tier::ring::RingError| CudaError(format!("stream ring: {}", e.0));
+        let (gpu, st) = match (&self.cuda.gpu, self.stream.as_mut()) {
+            (g, Some(st)) => (g, st),
+            _ => return Err(CudaError("no stream ring".into())),
+        };
+        let GpuFfn::Moe { experts: x, .. } = &self.layers[il].ffn else {
+            return Err(CudaError(format!("layer {il} has no experts to stream")));
+        };
+        let Some(host) = &x.host else {
+            return Err(CudaError(format!("layer {il} has no host experts")));
+        };
+        let b = st
+            .ring
+            .acquire(il)
+            .ok_or_else(|| CudaError(format!("stream ring: no free buffer for layer {il}")))?;
+        if let Some(ev) = &st.released[b] {
+            gpu.side_waits(ev)?;
+        }
+        let ne = x.slot.len();
+        for ((t, card), m) in host.iter().zip(&x.card).zip(&mut st.bufs[b]) {
+            let data = t.data();
+            let eb = data.len() / ne;
+            let rows = t.shape[1..].iter().product::<usize>() / ne;
+            if data.len() > m.buf.bytes() {
+                return Err(CudaError(format!(
+                    "{} does not fit its ring buffer",
+                    t.name
+                )));
+            }
+            (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, ne, eb / rows);
+            let mut x0 = 0;
+            while x0 < ne {
+                // a run of host experts, or of card experts in consecutive slots
+                let s0 = x.slot[x0];
+                let mut x1 = x0 + 1;
+                while x1 < ne
+                    && ((s0 < 0 && x.slot[x1] < 0)
+                        || (s0 >= 0 && x.slot[x1] == s0 + (x1 - x0) as i32))
+                {
+                    x1 += 1;
+                }
+                let dst = m.buf.at(x0 * eb);
+                if s0 < 0 {
+                    gpu.upload_side(dst, &data[x0 * eb..x1 * eb])?;
+                } else {
+                    gpu.copy_side(dst, card.buf.at(s0 as usize * eb), (x1 - x0) * eb)?;
+                }
+                x0 = x1;
+            }
+        }
+        st.copied[b] = Some(gpu.side_event()?);
+        st.ring.filled(b).map_err(ring_err)?;
+        st.ring.copied(b).map_err(ring_err)
+    }
+
+    /// The ring buffer holding layer `il`, with the main stream made to wait for its copy.
+    fn stream_take(&mut self, il: usize) -> Result<usize, CudaError> {
+        let (gpu, st) = match (&self.cuda.gpu, self.stream.as_mut()) {
+            (g, Some(st)) => (g, st),
+            _ => return Err(CudaError("no stream ring".into())),
+        };
+        let b = (0..RING_BUFFERS)
+            .find(|&b| st.ring.stage(b) == Some(super::tier::ring::Stage::Ready(il)))
+            .ok_or_else(|| CudaError(format!("stream ring: layer {il} was not copied")))?;
+        if let Some(ev) = &st.copied[b] {
+            gpu.main_waits(ev)?;
+        }
+        st.ring
+            .start(b)
+            .map_err(|e| CudaError(format!("stream ring: {}", e.0)))?;
+        Ok(b)
+    }
+
+    /// Buffer `b`'s products are queued: its next copy waits for them.
+    fn stream_release(&mut self, b: usize) -> Result<(), CudaError> {
+        let (gpu, st) = match (&self.cuda.gpu, self.stream.as_mut()) {
+            (g, Some(st)) => (g, st),
+            _ => return Err(CudaError("no stream ring".into())),
+        };
+        st.released[b] = Some(gpu.main_event()?);
+        st.ring
+            .release(b)
+            .map_err(|e| CudaError(format!("stream ring: {}", e.0)))
+    }
+
+    /// Token embeddings of the ubatch at `io` into its residual stream.
+    fn embed(&mut self, n: usize, io: Io) -> Result<(), CudaError> {
+        let c = &mut self.cuda;
+        c.get_rows(&self.tok_embd, io.ints, n, io.x)?;
+        if self.spec.embd_scale {
+            let e = self.hp.n_embd;
+            c.scale(io.x, (e as f32).sqrt(), n * e)?;
+        }
+        Ok(())
+    }
+
+    /// The logits of the wanted rows of the ubatch at `io`, appended to `out`.
+    fn logits(
+        &mut self,
+        n: usize,
+        wanted: &[usize],
+        io: Io,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CudaError> {
         let (c, s, hp) = (&mut self.cuda, &self.s, &self.hp);
         if wanted.is_empty() {
             return c.gpu.sync();
         }
+        let e = hp.n_embd;
         let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         let nw = wanted.len();
         c.move_rows(
             RowMove::Gather,
-            s.x.ptr(),
-            s.ints.at(4 * 4 * n),
+            io.x,
+            io.ints + 16 * n as u64,
             s.cur.ptr(),
             e,
             nw,
@@ -414,10 +839,29 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The embeddings and every layer of the `n` tokens whose indices are in `s.ints`, leaving
-    /// the final hidden states in `s.x`.
-    fn layers(&mut self, n: usize, spans: &[Span]) -> Result<(), CudaError> {
-        let (c, s, hp) = (&mut self.cuda, &self.s, &self.hp);
+    /// Layer `il` for the `n` tokens of the ubatch at `io`; its experts come from ring buffer
+    /// `ring` when the pass streams them.
+    fn layer(
+        &mut self,
+        il: usize,
+        n: usize,
+        spans: &[Span],
+        io: Io,
+        ring: Option<usize>,
+    ) -> Result<(), CudaError> {
+        let GpuModel {
+            cuda: c,
+            s,
+            hp,
+            layers,
+            host,
+            stream,
+            host_ints,
+            spec,
+            n_ctx_seq,
+            ..
+        } = self;
+        let l = &layers[il];
         let e = hp.n_embd;
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
         let (nq, nkv, nv, na) = (
@@ -426,139 +870,143 @@ impl GpuModel {
             hp.n_head_kv * hv,
             hp.n_head * hv,
         );
-        let at = |k: usize| s.ints.at(4 * k * n);
-        let (tokens, pos, base, cells) = (at(0), at(1), at(2), at(3));
-        c.get_rows(&self.tok_embd, tokens, n, s.x.ptr())?;
-        if self.spec.embd_scale {
-            c.scale(s.x.ptr(), (e as f32).sqrt(), n * e)?;
-        }
-        let neox = self.spec.rope == RopeKind::Neox;
+        let at = |k: usize| io.ints + (4 * k * n) as u64;
+        let (pos, base, cells) = (at(1), at(2), at(3));
+        let neox = spec.rope == RopeKind::Neox;
         let q_scale = 1.0 / (hk as f32).sqrt();
-        let gelu = self.spec.act == Act::Gelu;
-        for l in &self.layers {
-            c.rms_norm(s.x.ptr(), l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
-            c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
-            c.matmul(&l.wk, 0, s.cur.ptr(), n, s.k.ptr())?;
-            c.matmul(&l.wv, 0, s.cur.ptr(), n, s.v.ptr())?;
-            for (x, b, width) in [(&s.q, &l.bq, nq), (&s.k, &l.bk, nkv), (&s.v, &l.bv, nv)] {
-                if let Some(b) = b {
-                    c.add_bias(x.ptr(), b.ptr(), width, n * width)?;
-                }
+        let x = io.x;
+        c.rms_norm(x, l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
+        c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
+        c.matmul(&l.wk, 0, s.cur.ptr(), n, s.k.ptr())?;
+        c.matmul(&l.wv, 0, s.cur.ptr(), n, s.v.ptr())?;
+        for (x, b, width) in [(&s.q, &l.bq, nq), (&s.k, &l.bk, nkv), (&s.v, &l.bv, nv)] {
+            if let Some(b) = b {
+                c.add_bias(x.ptr(), b.ptr(), width, n * width)?;
             }
-            if let Some(w) = &l.q_norm {
-                c.rms_norm(s.q.ptr(), w.ptr(), s.q.ptr(), n * hp.n_head, hk, hp.eps)?;
-            }
-            if let Some(w) = &l.k_norm {
-                c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
-            }
-            for (x, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
-                c.rope(
-                    x.ptr(),
-                    pos,
-                    n,
-                    heads,
-                    hk,
-                    hp.n_rot,
-                    l.rope_base,
-                    l.rope_scale,
-                    neox,
-                )?;
-            }
-            let kq_scale = if self.spec.scale_q {
-                c.scale(s.q.ptr(), q_scale, n * nq)?;
-                1.0
-            } else {
-                q_scale
-            };
-            c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
-            c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
-            let n_swa = if l.swa { hp.n_swa } else { 0 };
-            for &span in spans {
-                match span {
-                    Span::Prompt {
-                        start,
-                        len,
-                        seq,
-                        p0,
-                    } => c.attention_prompt(
-                        s.q.at(4 * start * nq),
-                        l.k_cache.ptr(),
-                        l.v_cache.ptr(),
-                        s.attn.at(4 * start * na),
-                        seq * self.n_ctx_seq,
-                        p0,
-                        len,
-                        (hp.n_head, hp.n_head_kv),
-                        (hk, hv),
-                        kq_scale,
-                        n_swa,
-                    )?,
-                    Span::Kernel { start, len } => c.attention(
-                        s.q.at(4 * start * nq),
-                        l.k_cache.ptr(),
-                        l.v_cache.ptr(),
-                        base + 4 * start as u64,
-                        pos + 4 * start as u64,
-                        s.attn.at(4 * start * na),
-                        len,
-                        (hp.n_head, hp.n_head_kv),
-                        (hk, hv),
-                        kq_scale,
-                        n_swa,
-                    )?,
-                }
-            }
-            c.matmul(&l.wo, 0, s.attn.ptr(), n, s.o.ptr())?;
-            if let Some(b) = &l.bo {
-                c.add_bias(s.o.ptr(), b.ptr(), e, n * e)?;
-            }
-            if let Some(w) = &l.post_attn_norm {
-                c.rms_norm(s.o.ptr(), w.ptr(), s.o.ptr(), n, e, hp.eps)?;
-            }
-            c.add(s.x.ptr(), s.o.ptr(), n * e)?;
-            c.rms_norm(s.x.ptr(), l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
-            match &l.ffn {
-                GpuFfn::Dense { gate, up, down } => {
-                    c.matmul(gate, 0, s.cur.ptr(), n, s.gate.ptr())?;
-                    c.matmul(up, 0, s.cur.ptr(), n, s.up.ptr())?;
-                    c.glu(s.gate.ptr(), s.up.ptr(), n * hp.n_ff, gelu)?;
-                    c.matmul(down, 0, s.gate.ptr(), n, s.ffn.ptr())?;
-                }
-                GpuFfn::Moe {
-                    router,
-                    gate,
-                    up,
-                    down,
-                } => moe(
-                    c,
-                    hp,
-                    gelu,
-                    [router, gate, up, down],
-                    s,
-                    n,
-                    &mut self.host_ints,
+        }
+        if let Some(w) = &l.q_norm {
+            c.rms_norm(s.q.ptr(), w.ptr(), s.q.ptr(), n * hp.n_head, hk, hp.eps)?;
+        }
+        if let Some(w) = &l.k_norm {
+            c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
+        }
+        for (x, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
+            c.rope(
+                x.ptr(),
+                pos,
+                n,
+                heads,
+                hk,
+                hp.n_rot,
+                l.rope_base,
+                l.rope_scale,
+                neox,
+            )?;
+        }
+        let kq_scale = if spec.scale_q {
+            c.scale(s.q.ptr(), q_scale, n * nq)?;
+            1.0
+        } else {
+            q_scale
+        };
+        c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
+        c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
+        let n_swa = if l.swa { hp.n_swa } else { 0 };
+        for &span in spans {
+            match span {
+                Span::Prompt {
+                    start,
+                    len,
+                    seq,
+                    p0,
+                } => c.attention_prompt(
+                    s.q.at(4 * start * nq),
+                    l.k_cache.ptr(),
+                    l.v_cache.ptr(),
+                    s.attn.at(4 * start * na),
+                    seq * *n_ctx_seq,
+                    p0,
+                    len,
+                    (hp.n_head, hp.n_head_kv),
+                    (hk, hv),
+                    kq_scale,
+                    n_swa,
+                )?,
+                Span::Kernel { start, len } => c.attention(
+                    s.q.at(4 * start * nq),
+                    l.k_cache.ptr(),
+                    l.v_cache.ptr(),
+                    base + 4 * start as u64,
+                    pos + 4 * start as u64,
+                    s.attn.at(4 * start * na),
+                    len,
+                    (hp.n_head, hp.n_head_kv),
+                    (hk, hv),
+                    kq_scale,
+                    n_swa,
                 )?,
             }
-            if let Some(w) = &l.post_ffn_norm {
-                c.rms_norm(s.ffn.ptr(), w.ptr(), s.ffn.ptr(), n, e, hp.eps)?;
-            }
-            c.add(s.x.ptr(), s.ffn.ptr(), n * e)?;
         }
-        Ok(())
+        c.matmul(&l.wo, 0, s.attn.ptr(), n, s.o.ptr())?;
+        if let Some(b) = &l.bo {
+            c.add_bias(s.o.ptr(), b.ptr(), e, n * e)?;
+        }
+        if let Some(w) = &l.post_attn_norm {
+            c.rms_norm(s.o.ptr(), w.ptr(), s.o.ptr(), n, e, hp.eps)?;
+        }
+        c.add(x, s.o.ptr(), n * e)?;
+        c.rms_norm(x, l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
+        match &l.ffn {
+            GpuFfn::Dense { gate, up, down } => {
+                c.matmul(gate, 0, s.cur.ptr(), n, s.gate.ptr())?;
+                c.matmul(up, 0, s.cur.ptr(), n, s.up.ptr())?;
+                c.glu(s.gate.ptr(), s.up.ptr(), n * hp.n_ff, spec.act == Act::Gelu)?;
+                c.matmul(down, 0, s.gate.ptr(), n, s.ffn.ptr())?;
+            }
+            GpuFfn::Moe { router, experts } => {
+                let (mats, on_host) = match (ring, stream.as_ref()) {
+                    // the pass streamed the whole layer onto the card
+                    (Some(b), Some(st)) => (&st.bufs[b], None),
+                    _ => (&experts.card, experts.host.as_ref().zip(host.as_mut())),
+                };
+                let on_host = on_host.map(|(tensors, side)| HostExperts {
+                    slot: &experts.slot,
+                    tensors,
+                    side,
+                });
+                moe(c, hp, spec.act, router, mats, on_host, s, n, host_ints)?;
+            }
+        }
+        if let Some(w) = &l.post_ffn_norm {
+            c.rms_norm(s.ffn.ptr(), w.ptr(), s.ffn.ptr(), n, e, hp.eps)?;
+        }
+        c.add(x, s.ffn.ptr(), n * e)
     }
 }
 
-/// The mixture-of-experts FFN of `n` tokens in `s.cur` into `s.ffn`.
+/// The experts of a layer that live on the host, for one step.
+struct HostExperts<'a> {
+    slot: &'a [i32],
+    tensors: &'a [Tensor; 3],
+    side: &'a mut HostSide,
+}
+
+/// The mixture-of-experts FFN of `n` tokens in `s.cur` into `s.ffn`: the experts in `mats` on
+/// the card, and those without a slot (when `host` says which) on the CPU meanwhile.
+#[allow(clippy::too_many_arguments)]
 fn moe(
     c: &mut Cuda,
     hp: &Hparams,
-    gelu: bool,
-    [router, gate, up, down]: [&DevMatrix; 4],
+    act: Act,
+    router: &DevMatrix,
+    mats: &[DevMatrix; 3],
+    host: Option<HostExperts>,
     s: &Scratch,
     n: usize,
-    host: &mut Vec<i32>,
+    lists: &mut Vec<i32>,
 ) -> Result<(), CudaError> {
     let (ne, k, nf, e) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
+    let gelu = act == Act::Gelu;
     c.matmul(router, 0, s.cur.ptr(), n, s.router.ptr())?;
     let (ids, w) = (s.moe_ids.ptr(), s.moe_w.ptr());
     c.route(
@@ -571,34 +1019,124 @@ fn moe(
         ids,
         w,
     )?;
-    if n <= MMV_MAX {
-        // decode: each (token, slot) pair reads only its expert's rows
-        c.matmul_id(gate, ids, s.cur.ptr(), k, n * k, s.gate.ptr())?;
-        c.matmul_id(up, ids, s.cur.ptr(), k, n * k, s.up.ptr())?;
-        c.glu(s.gate.ptr(), s.up.ptr(), n * k * nf, gelu)?;
-        c.matmul_id(down, ids, s.gate.ptr(), 1, n * k, s.moe_y.ptr())?;
+    let Some(h) = host else {
+        if n <= MMV_MAX {
+            // decode: each (token, slot) pair reads only its expert's rows
+            card_pairs(c, mats, ids, s, n, k, nf, gelu)?;
+        } else {
+            let mut chosen = vec![0i32; n * k];
+            c.gpu.download(&mut chosen, ids)?;
+            card_groups(c, mats, &chosen, s, n, k, gelu, lists)?;
+        }
         return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e);
-    }
-    // prompt: each expert's tokens gathered into a group padded to the largest group, and all
-    // groups multiplied in one batched product per matrix
-    let mut chosen = vec![0i32; n * k];
-    c.gpu.download(&mut chosen, ids)?;
-    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); ne];
-    for (p, &x) in chosen.iter().enumerate() {
-        by_expert[x as usize].push(p);
-    }
-    let m = by_expert.iter().map(Vec::len).max().unwrap_or(0);
-    host.clear();
-    host.resize(2 * ne * m, -1);
-    for (x, pairs) in by_expert.iter().enumerate() {
-        for (j, &p) in pairs.iter().enumerate() {
-            host[x * m + j] = (p / k) as i32;
-            host[ne * m + x * m + j] = p as i32;
+    };
+    let side = h.side;
+    side.ids.resize(n * k, 0);
+    c.gpu.download(&mut side.ids, ids)?;
+    side.x.resize(n * e, 0.0);
+    c.gpu.download(&mut side.x, s.cur.ptr())?;
+    let slots: Vec<i32> = side.ids.iter().map(|&x| h.slot[x as usize]).collect();
+    let mut pairs = Vec::new();
+    let mut rows = Vec::new();
+    for (p, &sl) in slots.iter().enumerate() {
+        if sl < 0 {
+            pairs.push((p / k, side.ids[p] as usize));
+            rows.push(p as i32);
         }
     }
-    let (tok_lists, pair_lists) = (s.moe_lists.ptr(), s.moe_lists.at(4 * ne * m));
-    c.gpu.upload(tok_lists, host)?;
-    let rows = ne * m;
+    // the card's experts first, so they run while the host computes its own
+    if slots.iter().any(|&sl| sl >= 0) {
+        if n <= MMV_MAX {
+            c.gpu.upload(s.slot_ids.ptr(), &slots)?;
+            card_pairs(c, mats, s.slot_ids.ptr(), s, n, k, nf, gelu)?;
+        } else {
+            card_groups(c, mats, &slots, s, n, k, gelu, lists)?;
+        }
+    }
+    if !pairs.is_empty() {
+        let t = h.tensors;
+        side.y.resize(pairs.len() * e, 0.0);
+        expert_pairs(
+            &side.pool,
+            act,
+            [t[0].mat(), t[1].mat(), t[2].mat()],
+            nf,
+            &side.x,
+            &pairs,
+            &mut side.y,
+            &mut side.bufs,
+        );
+        let staged = c.buf(Buf::HostOut, side.y.len() * 4)?;
+        c.gpu.upload(staged, &side.y)?;
+        c.gpu.upload(s.host_rows.ptr(), &rows)?;
+        c.move_rows(
+            RowMove::Scatter,
+            staged,
+            s.host_rows.ptr(),
+            s.moe_y.ptr(),
+            e,
+            pairs.len(),
+        )?;
+    }
+    c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
+}
+
+/// Decode-sized expert products: pair `p` of the `n * k` multiplies by expert `ids[p]` of
+/// `mats` (pairs with a negative id are skipped), into row `p` of `s.moe_y`.
+#[allow(clippy::too_many_arguments)]
+fn card_pairs(
+    c: &mut Cuda,
+    [gate, up, down]: &[DevMatrix; 3],
+    ids: u64,
+    s: &Scratch,
+    n: usize,
+    k: usize,
+    nf: usize,
+    gelu: bool,
+) -> Result<(), CudaError> {
+    c.matmul_id(gate, ids, s.cur.ptr(), k, n * k, s.gate.ptr())?;
+    c.matmul_id(up, ids, s.cur.ptr(), k, n * k, s.up.ptr())?;
+    c.glu(s.gate.ptr(), s.up.ptr(), n * k * nf, gelu)?;
+    c.matmul_id(down, ids, s.gate.ptr(), 1, n * k, s.moe_y.ptr())
+}
+
+/// Prompt-sized expert products: each expert of `mats` gets the pairs whose entry in `slots` names
+/// it (negative entries are skipped), gathered into a group padded to the largest group, and all
+/// groups are multiplied in one batched product per matrix; results land in the pairs' rows of
+/// `s.moe_y`.
+#[allow(clippy::too_many_arguments)]
+fn card_groups(
+    c: &mut Cuda,
+    [gate, up, down]: &[DevMatrix; 3],
+    slots: &[i32],
+    s: &Scratch,
+    n: usize,
+    k: usize,
+    gelu: bool,
+    lists: &mut Vec<i32>,
+) -> Result<(), CudaError> {
+    let (ng, nf, e) = (gate.n_expert, gate.rows, down.rows);
+    let mut by_slot: Vec<Vec<usize>> = vec![Vec::new(); ng];
+    for (p, &x) in slots.iter().enumerate().take(n * k) {
+        if x >= 0 {
+            by_slot[x as usize].push(p);
+        }
+    }
+    let m = by_slot.iter().map(Vec::len).max().unwrap_or(0);
+    if m == 0 {
+        return Ok(());
+    }
+    lists.clear();
+    lists.resize(2 * ng * m, -1);
+    for (x, pairs) in by_slot.iter().enumerate() {
+        for (j, &p) in pairs.iter().enumerate() {
+            lists[x * m + j] = (p / k) as i32;
+            lists[ng * m + x * m + j] = p as i32;
+        }
+    }
+    let (tok_lists, pair_lists) = (s.moe_lists.ptr(), s.moe_lists.at(4 * ng * m));
+    c.gpu.upload(tok_lists, lists)?;
+    let rows = ng * m;
     let x16 = c.buf(Buf::X16, rows * e * 2)?;
     c.move_rows(RowMove::GatherF16, s.cur.ptr(), tok_lists, x16, e, rows)?;
     let g = c.buf(Buf::MoeGate, rows * nf * 4)?;
@@ -610,8 +1148,7 @@ fn moe(
     c.to_f16(g, g16, rows * nf)?;
     let y = c.buf(Buf::MoeOut, rows * e * 4)?;
     c.matmul_experts(down, g16, m, y)?;
-    c.move_rows(RowMove::Scatter, y, pair_lists, s.moe_y.ptr(), e, rows)?;
-    c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
+    c.move_rows(RowMove::Scatter, y, pair_lists, s.moe_y.ptr(), e, rows)
 }
 
 impl Forward for GpuModel {
@@ -633,11 +1170,14 @@ impl Forward for GpuModel {
             let s = batch.seq[i] as usize;
             self.seq_len[s] = self.seq_len[s].max(batch.pos[i] + 1);
         }
+        let failed = |e: CudaError| EngineError::BadBatch(format!("CUDA step failed: {e}"));
+        if self.stream.is_some() && batch.len() >= STREAM_MIN_TOKENS {
+            return self.streamed_pass(batch, out).map_err(failed);
+        }
         let mut start = 0;
         while start < batch.len() {
             let end = (start + self.n_ubatch).min(batch.len());
-            self.ubatch(batch, start..end, out)
-                .map_err(|e| EngineError::BadBatch(format!("CUDA step failed: {e}")))?;
+            self.ubatch(batch, start..end, out).map_err(failed)?;
             start = end;
         }
         Ok(())

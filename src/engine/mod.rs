@@ -144,9 +144,17 @@ pub struct EngineParams {
     /// KV cache types (`-ctk`, `-ctv`).
     pub type_k: GgmlType,
     pub type_v: GgmlType,
-    /// The CUDA card that holds the whole model, or `None` to serve on the CPU.
+    /// The CUDA card that serves the model, or `None` to serve on the CPU.
     pub gpu: Option<usize>,
+    /// With a card: the experts of each layer (ascending indices) that get a card copy; the
+    /// others stay in host memory, computed there for small batches and streamed through the
+    /// card for long prompts. `None`: every expert on the card.
+    pub card_experts: Option<CardExperts>,
 }
+
+/// Per layer, the ascending indices of the experts with a card copy (empty for a dense layer or
+/// one whose experts all live on the host).
+pub type CardExperts = Vec<Vec<u32>>;
 
 impl Default for EngineParams {
     fn default() -> Self {
@@ -159,6 +167,7 @@ impl Default for EngineParams {
             type_k: GgmlType::F16,
             type_v: GgmlType::F16,
             gpu: None,
+            card_experts: None,
         }
     }
 }

@@ -87,6 +87,7 @@ struct Buffers {
     up: Vec<f32>,
     ffn: Vec<f32>,
     act: Activations,
+    pairs: super::moe::PairBufs,
     logits: Vec<f32>,
 }
 
@@ -367,6 +368,7 @@ impl Model {
                     n,
                     &mut b.ffn,
                     &mut b.act,
+                    &mut b.pairs,
                 ),
             }
             if let Some(w) = &layer.post_ffn_norm {

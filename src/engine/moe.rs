@@ -1,12 +1,66 @@
 //! Mixture-of-experts FFN: softmax routing, top-k, optional renormalization and scaling as the
-//! family's keys say, and expert products grouped by expert across the ubatch (each expert's
-//! weights are read once per ubatch, however many tokens chose it).
+//! family's keys say. Prompt ubatches group the expert products by expert (each expert's weights
+//! are read once per ubatch, however many tokens chose it); decode steps run every chosen
+//! (token, expert) pair in one threaded pass per matrix ([`expert_pairs`], which the CUDA engine
+//! also uses for the experts it keeps on the host).
 
 use super::arch::{Act, Hparams};
 use super::model::glu;
 use super::weights::Tensor;
-use crate::backend::cpu::matmul::{matmul, Activations};
-use crate::backend::cpu::ThreadPool;
+use crate::backend::cpu::matmul::{matmul, matmul_pairs, Activations};
+use crate::backend::cpu::{QMat, ThreadPool};
+use crate::model::quants::vec_dot_type;
+
+/// Batches up to this many tokens run their experts as pairs (decode); larger ones group by
+/// expert.
+const PAIRS_MAX_TOKENS: usize = 8;
+
+/// Reusable buffers of [`expert_pairs`].
+#[derive(Default)]
+pub struct PairBufs {
+    x: Activations,
+    x_up: Activations,
+    h: Activations,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+/// The unweighted outputs of the experts in `pairs` (token, expert) for the token rows of `x`
+/// (`gate.cols` floats each): `out` gets one row of `gate.cols` floats per pair, in pair order.
+/// `gate`, `up` and `down` are the stacked expert tensors (`nf` rows per expert for gate and up,
+/// `gate.cols` rows per expert for down).
+#[allow(clippy::too_many_arguments)]
+pub fn expert_pairs(
+    pool: &ThreadPool,
+    act: Act,
+    [gate, up, down]: [QMat; 3],
+    nf: usize,
+    x: &[f32],
+    pairs: &[(usize, usize)],
+    out: &mut [f32],
+    b: &mut PairBufs,
+) {
+    let e = gate.cols;
+    let n_tok = x.len() / e;
+    let np = pairs.len();
+    // the products index (expert block, activation row)
+    let by_token: Vec<(usize, usize)> = pairs.iter().map(|&(t, x)| (x, t)).collect();
+    b.x.prepare(pool, gate.ty, x, e, n_tok);
+    b.gate.resize(np * nf, 0.0);
+    b.up.resize(np * nf, 0.0);
+    matmul_pairs(pool, &gate, nf, &by_token, &b.x, &mut b.gate);
+    let x_up = if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
+        &b.x
+    } else {
+        b.x_up.prepare(pool, up.ty, x, e, n_tok);
+        &b.x_up
+    };
+    matmul_pairs(pool, &up, nf, &by_token, x_up, &mut b.up);
+    glu(act, &mut b.gate, &b.up);
+    b.h.prepare(pool, down.ty, &b.gate, nf, np);
+    let by_pair: Vec<(usize, usize)> = pairs.iter().enumerate().map(|(j, p)| (p.1, j)).collect();
+    matmul_pairs(pool, &down, e, &by_pair, &b.h, out);
+}
 
 /// The experts token `t` uses, best first, with their weights.
 pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f32)> {
@@ -38,6 +92,7 @@ pub fn moe_ffn(
     n: usize,
     out: &mut [f32],
     abuf: &mut Activations,
+    pairs_buf: &mut PairBufs,
 ) {
     let (ne, k, nf, n_embd) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
     let mut logits = vec![0.0; n * ne];
@@ -49,45 +104,60 @@ pub fn moe_ffn(
     // per (token, slot) expert outputs, summed in slot order at the end as ggml does
     let mut ys = vec![0.0f32; n * k * n_embd];
     let (gm, um, dm) = (gate.mat(), up.mat(), down.mat());
-    for e in 0..ne {
-        let users: Vec<(usize, usize)> = routes
+    if n <= PAIRS_MAX_TOKENS {
+        let pairs: Vec<(usize, usize)> = routes
             .iter()
             .enumerate()
-            .flat_map(|(t, r)| {
-                r.iter()
-                    .enumerate()
-                    .filter(|(_, c)| c.0 == e)
-                    .map(move |(s, _)| (t, s))
-            })
+            .flat_map(|(t, r)| r.iter().map(move |c| (t, c.0)))
             .collect();
-        if users.is_empty() {
-            continue;
-        }
-        let m = users.len();
-        let mut xg = Vec::with_capacity(m * n_embd);
-        for &(t, _) in &users {
-            xg.extend_from_slice(&cur[t * n_embd..(t + 1) * n_embd]);
-        }
-        let mut g = vec![0.0; m * nf];
-        let mut u = vec![0.0; m * nf];
-        matmul(pool, &gm.rows(e * nf, (e + 1) * nf), &xg, m, &mut g, abuf);
-        matmul(pool, &um.rows(e * nf, (e + 1) * nf), &xg, m, &mut u, abuf);
-        glu(act, &mut g, &u);
-        let mut y = vec![0.0; m * n_embd];
-        matmul(
-            pool,
-            &dm.rows(e * n_embd, (e + 1) * n_embd),
-            &g,
-            m,
-            &mut y,
-            abuf,
-        );
-        for (j, &(t, s)) in users.iter().enumerate() {
+        expert_pairs(pool, act, [gm, um, dm], nf, cur, &pairs, &mut ys, pairs_buf);
+        for (j, (t, s)) in (0..n).flat_map(|t| (0..k).map(move |s| (t, s))).enumerate() {
             let w = routes[t][s].1;
-            let dst = &mut ys[(t * k + s) * n_embd..(t * k + s + 1) * n_embd];
-            dst.iter_mut()
-                .zip(&y[j * n_embd..(j + 1) * n_embd])
-                .for_each(|(d, v)| *d = v * w);
+            ys[j * n_embd..(j + 1) * n_embd]
+                .iter_mut()
+                .for_each(|v| *v *= w);
+        }
+    } else {
+        for e in 0..ne {
+            let users: Vec<(usize, usize)> = routes
+                .iter()
+                .enumerate()
+                .flat_map(|(t, r)| {
+                    r.iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.0 == e)
+                        .map(move |(s, _)| (t, s))
+                })
+                .collect();
+            if users.is_empty() {
+                continue;
+            }
+            let m = users.len();
+            let mut xg = Vec::with_capacity(m * n_embd);
+            for &(t, _) in &users {
+                xg.extend_from_slice(&cur[t * n_embd..(t + 1) * n_embd]);
+            }
+            let mut g = vec![0.0; m * nf];
+            let mut u = vec![0.0; m * nf];
+            matmul(pool, &gm.rows(e * nf, (e + 1) * nf), &xg, m, &mut g, abuf);
+            matmul(pool, &um.rows(e * nf, (e + 1) * nf), &xg, m, &mut u, abuf);
+            glu(act, &mut g, &u);
+            let mut y = vec![0.0; m * n_embd];
+            matmul(
+                pool,
+                &dm.rows(e * n_embd, (e + 1) * n_embd),
+                &g,
+                m,
+                &mut y,
+                abuf,
+            );
+            for (j, &(t, s)) in users.iter().enumerate() {
+                let w = routes[t][s].1;
+                let dst = &mut ys[(t * k + s) * n_embd..(t * k + s + 1) * n_embd];
+                dst.iter_mut()
+                    .zip(&y[j * n_embd..(j + 1) * n_embd])
+                    .for_each(|(d, v)| *d = v * w);
+            }
         }
     }
     for t in 0..n {
@@ -103,6 +173,97 @@ pub fn moe_ffn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::quants::f32_to_f16;
+    use crate::model::GgmlType;
+
+    /// `rows` rows of `cols` Q8_0 values, varied by `seed`.
+    fn q8(rows: usize, cols: usize, seed: usize) -> Vec<u8> {
+        let mut d = Vec::new();
+        for r in 0..rows {
+            for b in 0..cols / 32 {
+                d.extend_from_slice(
+                    &f32_to_f16(0.003 * ((r + b + seed) % 7 + 1) as f32).to_le_bytes(),
+                );
+                d.extend((0..32).map(|i| ((i * 37 + r * 11 + seed * 5) % 253) as u8));
+            }
+        }
+        d
+    }
+
+    #[test]
+    fn expert_pairs_equal_one_product_per_expert() {
+        let pool = ThreadPool::new(2);
+        let (ne, nf, e, n) = (4, 64, 96, 3);
+        let (gd, ud, dd) = (q8(ne * nf, e, 1), q8(ne * nf, e, 2), q8(ne * e, nf, 3));
+        let (g, u, d) = (
+            QMat {
+                ty: GgmlType::Q8_0,
+                rows: ne * nf,
+                cols: e,
+                data: &gd,
+            },
+            QMat {
+                ty: GgmlType::Q8_0,
+                rows: ne * nf,
+                cols: e,
+                data: &ud,
+            },
+            QMat {
+                ty: GgmlType::Q8_0,
+                rows: ne * e,
+                cols: nf,
+                data: &dd,
+            },
+        );
+        let x: Vec<f32> = (0..n * e)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.05)
+            .collect();
+        let pairs = [(0, 3), (0, 1), (1, 1), (2, 0), (2, 3)];
+        let mut out = vec![f32::NAN; pairs.len() * e];
+        let mut bufs = PairBufs::default();
+        expert_pairs(
+            &pool,
+            Act::Silu,
+            [g, u, d],
+            nf,
+            &x,
+            &pairs,
+            &mut out,
+            &mut bufs,
+        );
+        let mut abuf = Activations::new();
+        for (j, &(t, xp)) in pairs.iter().enumerate() {
+            let xt = &x[t * e..(t + 1) * e];
+            let (mut gv, mut uv) = (vec![0.0; nf], vec![0.0; nf]);
+            matmul(
+                &pool,
+                &g.rows(xp * nf, (xp + 1) * nf),
+                xt,
+                1,
+                &mut gv,
+                &mut abuf,
+            );
+            matmul(
+                &pool,
+                &u.rows(xp * nf, (xp + 1) * nf),
+                xt,
+                1,
+                &mut uv,
+                &mut abuf,
+            );
+            glu(Act::Silu, &mut gv, &uv);
+            let mut y = vec![0.0; e];
+            matmul(
+                &pool,
+                &d.rows(xp * e, (xp + 1) * e),
+                &gv,
+                1,
+                &mut y,
+                &mut abuf,
+            );
+            assert_eq!(&out[j * e..(j + 1) * e], &y[..], "pair {j}");
+        }
+    }
 
     #[test]
     fn top_k_renormalized() {

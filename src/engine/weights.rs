@@ -13,6 +13,7 @@ use crate::backend::cpu::QMat;
 use crate::model::quants::dequantize;
 use crate::model::{GgmlType, GgufFile};
 
+#[derive(Clone)]
 pub struct Tensor {
     pub name: String,
     pub ty: GgmlType,

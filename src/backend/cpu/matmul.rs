@@ -131,6 +131,43 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     });
 }
 
+/// Many small products in one threaded pass: for pair `j = (block, t)`,
+/// `out[j * rows_per + r] = dot(w.row(block * rows_per + r), act.row(t))`. Threads split the rows
+/// of all pairs together, so the chosen experts of a decode step cost one dispatch instead of one
+/// per expert.
+pub fn matmul_pairs(
+    pool: &ThreadPool,
+    w: &QMat,
+    rows_per: usize,
+    pairs: &[(usize, usize)],
+    act: &Activations,
+    out: &mut [f32],
+) {
+    assert_eq!(act.cols, w.cols, "activation width");
+    assert!(
+        out.len() >= pairs.len() * rows_per,
+        "output holds pairs x rows"
+    );
+    assert!(
+        pairs
+            .iter()
+            .all(|&(b, t)| (b + 1) * rows_per <= w.rows && t < act.n),
+        "pairs name blocks of w and rows of act"
+    );
+    let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    let total = pairs.len() * rows_per;
+    let out = SyncPtr::new(out.as_mut_ptr());
+    pool.run(|ith, nth| {
+        let (i0, i1) = split_range(total, ith, nth, ROW_TILE);
+        for i in i0..i1 {
+            let (block, t) = pairs[i / rows_per];
+            let r = block * rows_per + i % rows_per;
+            // SAFETY: each thread writes only its own range of `out`, sized above.
+            unsafe { *out.get().add(i) = dot(w.cols, w.row(r), act.row(t)) };
+        }
+    });
+}
+
 /// The single-threaded body, also used for products too small to be worth splitting.
 unsafe fn tile_loop(
     dot: DotFn,
@@ -191,6 +228,41 @@ mod tests {
         for t in 0..n {
             for r in 0..rows {
                 assert_eq!(out[t * rows + r], dot(cols, w.row(r), act.row(t)));
+            }
+        }
+    }
+
+    #[test]
+    fn pairs_are_the_same_dots_as_whole_products() {
+        let pool = ThreadPool::new(2);
+        let (blocks, rows_per, cols, n) = (4, 8, 64, 3);
+        let rows = blocks * rows_per;
+        let mut data = Vec::new();
+        for r in 0..rows {
+            for b in 0..cols / 32 {
+                data.extend_from_slice(&f32_to_f16(0.02 * (r + 2 * b) as f32).to_le_bytes());
+                data.extend((0..32).map(|i| ((i * 5 + 3 * r) % 251) as u8));
+            }
+        }
+        let w = QMat {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            data: &data,
+        };
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i % 11) as f32 - 5.0) * 0.2)
+            .collect();
+        let mut act = Activations::new();
+        act.prepare(&pool, w.ty, &x, cols, n);
+        let mut whole = vec![0.0; n * rows];
+        matmul_prepared(&pool, &w, &act, &mut whole);
+        let pairs = [(3, 0), (0, 2), (3, 1), (1, 0), (2, 2)];
+        let mut out = vec![f32::NAN; pairs.len() * rows_per];
+        matmul_pairs(&pool, &w, rows_per, &pairs, &act, &mut out);
+        for (j, &(b, t)) in pairs.iter().enumerate() {
+            for r in 0..rows_per {
+                assert_eq!(out[j * rows_per + r], whole[t * rows + b * rows_per + r]);
             }
         }
     }

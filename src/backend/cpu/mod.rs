@@ -9,5 +9,5 @@ pub mod pool;
 pub mod quant;
 pub mod vec;
 
-pub use matmul::{matmul, QMat};
+pub use matmul::{matmul, matmul_pairs, QMat};
 pub use pool::ThreadPool;

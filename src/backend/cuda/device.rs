@@ -1,5 +1,6 @@
-//! The card through the driver API loaded at run time: discovery, one context and stream per
-//! model, raw device buffers, kernel launches and cuBLAS products. With no driver library the
+//! The card through the driver API loaded at run time: discovery, one context per model with a
+//! main stream (kernels, products) and a side stream (copies that overlap them), events between
+//! the two, page-locked host ranges, raw device buffers, kernel launches and cuBLAS products. With no driver library the
 //! functions here say so instead of failing, so the same binary serves on the CPU.
 
 use std::ffi::c_void;
@@ -141,11 +142,13 @@ pub enum Arg {
     F32(f32),
 }
 
-/// A card with the context, stream, kernels and cuBLAS handle a model runs on.
+/// A card with the context, streams, kernels and cuBLAS handle a model runs on.
 pub struct Gpu {
     pub info: DeviceInfo,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Host-to-card copies that run beside the main stream's work (expert streaming).
+    side: Arc<CudaStream>,
     module: Option<Arc<CudaModule>>,
     blas: blas_sys::cublasHandle_t,
 }
@@ -166,6 +169,7 @@ impl Gpu {
         // not needed; raw launches below do not use them either.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| err("creating a stream", e))?;
+        let side = ctx.new_stream().map_err(|e| err("creating a stream", e))?;
         let handle = blas::create_handle().map_err(|e| err("creating a cuBLAS handle", e))?;
         // SAFETY: the handle was just created; the stream lives as long as `Gpu`.
         unsafe { blas::set_stream(handle, stream.cu_stream() as _) }
@@ -174,6 +178,7 @@ impl Gpu {
             info,
             ctx,
             stream,
+            side,
             module: None,
             blas: handle,
         })
@@ -250,6 +255,85 @@ impl Gpu {
         self.stream
             .synchronize()
             .map_err(|e| err("waiting for the card", e))
+    }
+
+    /// Copies `src` to the card at `dst` on the side stream. `src` must stay mapped and unchanged
+    /// until an event recorded after the copy has passed; the copy overlaps the main stream's
+    /// work only when `src` is page-locked ([`Gpu::pin`]), else the call returns after the
+    /// driver staged it.
+    pub fn upload_side(&self, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller sized `dst` for `src` and keeps `src` alive as documented.
+        unsafe { result::memcpy_htod_async(dst, src, self.side.cu_stream()) }
+            .map_err(|e| err("streaming to the card", e))
+    }
+
+    /// A card-to-card copy on the side stream.
+    pub fn copy_side(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges were sized by the caller.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.side.cu_stream()) }
+            .map_err(|e| err("copying on the card", e))
+    }
+
+    /// The work queued on the main stream so far, as an event the side stream can wait for.
+    pub fn main_event(&self) -> Result<Event, CudaError> {
+        self.stream
+            .record_event(None)
+            .map(Event)
+            .map_err(|e| err("recording an event", e))
+    }
+
+    /// The copies queued on the side stream so far, as an event the main stream can wait for.
+    pub fn side_event(&self) -> Result<Event, CudaError> {
+        self.side
+            .record_event(None)
+            .map(Event)
+            .map_err(|e| err("recording an event", e))
+    }
+
+    /// Work queued on the main stream from now on starts after `e`.
+    pub fn main_waits(&self, e: &Event) -> Result<(), CudaError> {
+        self.stream
+            .wait(&e.0)
+            .map_err(|e| err("waiting for an event", e))
+    }
+
+    /// Copies queued on the side stream from now on start after `e`.
+    pub fn side_waits(&self, e: &Event) -> Result<(), CudaError> {
+        self.side
+            .wait(&e.0)
+            .map_err(|e| err("waiting for an event", e))
+    }
+
+    /// Page-locks `range` (host memory, typically a read-only file map) so copies from it run
+    /// on the copy engine at the bus's speed; unlocked when the [`Pinned`] drops. The range must
+    /// not overlap one pinned before.
+    pub fn pin(&self, range: &[u8]) -> Result<Pinned, CudaError> {
+        self.bind()?;
+        let ptr = range.as_ptr() as *mut c_void;
+        let mut last = None;
+        // a read-only map can only be locked as read-only; plain memory either way
+        for flags in [sys::CU_MEMHOSTREGISTER_READ_ONLY, 0] {
+            // SAFETY: `range` is mapped for its whole length; unregistered by `Pinned`'s drop.
+            match unsafe { sys::cuMemHostRegister_v2(ptr, range.len(), flags) }.result() {
+                Ok(()) => {
+                    return Ok(Pinned {
+                        ptr,
+                        ctx: self.ctx.clone(),
+                    })
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(err(
+            &format!("page-locking {} MiB of host memory", range.len() >> 20),
+            last,
+        ))
     }
 
     pub fn launch(
@@ -416,6 +500,48 @@ impl Gemm {
     }
 }
 
+/// A point in one of a card's streams (see [`Gpu::main_event`]).
+pub struct Event(cudarc::driver::CudaEvent);
+
+// SAFETY: an event handle of the context the engine binds on whichever thread steps it.
+unsafe impl Send for Event {}
+
+/// A page-locked host range; unlocked on drop.
+pub struct Pinned {
+    ptr: *mut c_void,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the address of a mapping that outlives this value; unregistering is thread-safe.
+unsafe impl Send for Pinned {}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: registered by `Gpu::pin`, unregistered once, here.
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr) };
+    }
+}
+
+/// Byte ranges `(start, end)` grown to whole pages of `page` bytes and merged where they touch,
+/// so each page is locked once (the driver refuses a page registered twice).
+pub fn page_spans(ranges: &[(usize, usize)], page: usize) -> Vec<(usize, usize)> {
+    let mut spans: Vec<(usize, usize)> = ranges
+        .iter()
+        .filter(|r| r.1 > r.0)
+        .map(|&(a, b)| (a / page * page, b.div_ceil(page) * page))
+        .collect();
+    spans.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+    for (a, b) in spans {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
 /// A captured sequence of launches, replayed with one call.
 pub struct Graph(cudarc::driver::CudaGraph);
 
@@ -438,6 +564,19 @@ impl Drop for Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pinned_ranges_cover_whole_pages_once() {
+        // two tensors sharing a page, one apart, one empty
+        let r = [(5000, 9000), (9000, 12289), (40960, 41000), (50000, 50000)];
+        assert_eq!(
+            page_spans(&r, 4096),
+            vec![(4096, 16384), (40960, 45056)],
+            "the shared page is locked once"
+        );
+        assert_eq!(page_spans(&[(8192, 12288)], 4096), vec![(8192, 12288)]);
+        assert!(page_spans(&[], 4096).is_empty());
+    }
 
     #[test]
     fn devices_are_listed_as_llama_server_lists_them() {

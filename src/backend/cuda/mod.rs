@@ -7,5 +7,5 @@ pub mod compile;
 pub mod device;
 pub mod ops;
 
-pub use device::{CudaError, DevBuf, DeviceInfo, Gemm, Gpu, Graph};
+pub use device::{page_spans, CudaError, DevBuf, DeviceInfo, Event, Gemm, Gpu, Graph, Pinned};
 pub use ops::{Buf, Cuda, DevMatrix, RowMove};

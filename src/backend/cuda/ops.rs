@@ -116,9 +116,11 @@ pub enum Buf {
     MoeGate,
     MoeUp,
     MoeOut,
+    /// Outputs of the experts the host computed, on their way into the step's expert outputs.
+    HostOut,
 }
 
-const N_BUF: usize = 8;
+const N_BUF: usize = 9;
 
 /// A card with its kernels loaded and the scratch that cuBLAS products read.
 pub struct Cuda {

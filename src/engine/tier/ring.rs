@@ -1,44 +1,47 @@
-//! The pinned staging ring that streams host experts through the card during a prompt pass. Each
-//! of its buffers goes round: filled on the host from the expert's weights, copied to the card,
-//! read by the expert's product, then free again. Buffers are taken in order, so with two the
-//! copy of the next expert overlaps the product of the current one; a buffer is never refilled
-//! while its copy or product may still read it.
+//! The ring of card buffers that streams host experts through the card during a prompt pass.
+//! Each buffer goes round: filled from the experts' weights, copied to the card, read by the
+//! products, then free again. Buffers are taken in order, so with two the copy of the next unit
+//! overlaps the products of the current one; a buffer is never refilled while its copy or
+//! products may still read it. A unit (`K`) is whatever one buffer holds: one expert, or the host
+//! experts of one layer as the CUDA engine streams them.
+
+use std::fmt::Debug;
 
 use super::ExpertId;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Stage {
+pub enum Stage<K = ExpertId> {
     Free,
-    Filling(ExpertId),
-    Copying(ExpertId),
+    Filling(K),
+    Copying(K),
     /// On the card, waiting for its product.
-    Ready(ExpertId),
+    Ready(K),
     /// Its product is running.
-    InUse(ExpertId),
+    InUse(K),
 }
 
 #[derive(Debug, PartialEq)]
 pub struct RingError(pub String);
 
-pub struct Ring {
-    stages: Vec<Stage>,
+pub struct Ring<K = ExpertId> {
+    stages: Vec<Stage<K>>,
     next: usize,
 }
 
-impl Ring {
-    pub fn new(n_buffers: usize) -> Ring {
+impl<K: Copy + Debug + PartialEq> Ring<K> {
+    pub fn new(n_buffers: usize) -> Ring<K> {
         Ring {
             stages: vec![Stage::Free; n_buffers.max(1)],
             next: 0,
         }
     }
 
-    pub fn stage(&self, buf: usize) -> Option<Stage> {
+    pub fn stage(&self, buf: usize) -> Option<Stage<K>> {
         self.stages.get(buf).copied()
     }
 
     /// The next buffer in turn for `id`, if it is free; `None` means wait for its product.
-    pub fn acquire(&mut self, id: ExpertId) -> Option<usize> {
+    pub fn acquire(&mut self, id: K) -> Option<usize> {
         let b = self.next;
         if self.stages[b] != Stage::Free {
             return None;
@@ -53,9 +56,9 @@ impl Ring {
     fn advance(
         &mut self,
         buf: usize,
-        (from, expected): (fn(ExpertId) -> Stage, &str),
-        to: fn(ExpertId) -> Stage,
-    ) -> Result<ExpertId, RingError> {
+        (from, expected): (fn(K) -> Stage<K>, &str),
+        to: fn(K) -> Stage<K>,
+    ) -> Result<K, RingError> {
         let stage = self
             .stages
             .get(buf)
@@ -90,7 +93,7 @@ impl Ring {
     }
 
     /// The product that reads `buf` starts; returns the expert it holds.
-    pub fn start(&mut self, buf: usize) -> Result<ExpertId, RingError> {
+    pub fn start(&mut self, buf: usize) -> Result<K, RingError> {
         self.advance(buf, (Stage::Ready, "ready"), Stage::InUse)
     }
 
@@ -107,7 +110,7 @@ mod tests {
 
     #[test]
     fn two_buffers_overlap_the_next_copy_with_the_current_product() {
-        let mut r = Ring::new(2);
+        let mut r: Ring = Ring::new(2);
         let (a, b, c) = (
             ExpertId::new(0, 0),
             ExpertId::new(0, 1),
@@ -131,7 +134,7 @@ mod tests {
 
     #[test]
     fn stages_cannot_be_skipped_or_repeated() {
-        let mut r = Ring::new(1);
+        let mut r: Ring = Ring::new(1);
         let b = r.acquire(ExpertId::new(1, 3)).unwrap();
         assert_eq!(
             r.copied(b),
@@ -154,7 +157,7 @@ mod tests {
     #[test]
     fn a_whole_layer_streams_in_order_through_any_ring() {
         for n in 1..4 {
-            let mut r = Ring::new(n);
+            let mut r: Ring = Ring::new(n);
             let experts: Vec<ExpertId> = (0..7).map(|e| ExpertId::new(2, e)).collect();
             let mut done = Vec::new();
             let mut pending = std::collections::VecDeque::new();
