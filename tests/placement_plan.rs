@@ -63,6 +63,12 @@ fn model(n_layer: u32, n_expert: u32) -> Inventory {
 
 /// KV bytes of one layer per token in f16.
 const KV_TOKEN: u64 = 2048;
+
+/// The ring a card keeps for layers of `model(_, n_expert)` whose experts stream from the host:
+/// two layers' expert tensors.
+fn ring(n_expert: u32) -> u64 {
+    2 * n_expert as u64 * 6 * MIB
+}
 /// Scratch of a pool for a 512-token ubatch, without and with the logits.
 const SCRATCH: u64 = 512 * 4 * (4 * 2048 + 3 * 1024);
 const LOGITS: u64 = 512 * 4 * 32000;
@@ -352,7 +358,7 @@ fn override_tensor_first_match_wins() {
     assert_eq!(layer_map(&p), "hhhh0");
     assert_eq!(at(&p, "token_embd_norm.weight"), HOST);
     assert_eq!(at(&p, "blk.4.ffn_up_exps.weight"), C0);
-    let p = Case::new(&["-c", "4096"], m, cards(&[GIB + 450 * MIB])).ok();
+    let p = Case::new(&["-c", "4096"], m, cards(&[GIB + 450 * MIB + ring(8)])).ok();
     assert_eq!(layer_map(&p), "00000");
     assert_eq!(at(&p, "token_embd_norm.weight"), C0);
     assert_eq!(
@@ -488,8 +494,10 @@ fn automatic_card_and_host_plan() {
     // 8 layers of 64 experts: 3 GiB of experts; the card holds the dense part and some experts
     let dense = 8 * 49 * MIB + 64 * MIB + SCRATCH + LOGITS + 8 * 4096 * KV_TOKEN;
     let room = 100 * 6 * MIB + 3 * MIB;
-    let p = Case::new(&["-c", "4096"], model(8, 64), cards(&[dense + GIB + room])).ok();
+    let card = dense + GIB + ring(64) + room;
+    let p = Case::new(&["-c", "4096"], model(8, 64), cards(&[card])).ok();
     assert_eq!(layer_map(&p), "000000000", "dense weights stay on the card");
+    assert_eq!(p.cards[0].stream, ring(64));
     for il in 0..8 {
         assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), HOST);
         assert_eq!(at(&p, &format!("blk.{il}.attn_q.weight")), C0);
@@ -508,7 +516,7 @@ fn automatic_card_and_host_plan() {
         .notes
         .contains(&"100 of 512 experts copied to the cards".to_string()));
     // with routing counts the hottest experts get the copies
-    let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[dense + GIB + room]));
+    let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[card]));
     case.heat = Some(
         (0..8)
             .map(|il| {
@@ -535,8 +543,9 @@ fn automatic_card_and_host_plan() {
 
 #[test]
 fn automatic_plan_with_dense_weights_too_big() {
-    // the card holds 4 layers' dense weights plus output, no experts
-    let card = 4 * 49 * MIB + 64 * MIB + SCRATCH + LOGITS + 4 * 4096 * KV_TOKEN + GIB + MIB;
+    // the card holds 4 layers' dense weights plus output and the ring, no experts
+    let card =
+        4 * 49 * MIB + 64 * MIB + SCRATCH + LOGITS + 4 * 4096 * KV_TOKEN + ring(64) + GIB + MIB;
     let p = Case::new(&["-c", "4096"], model(8, 64), cards(&[card])).ok();
     assert_eq!(layer_map(&p), "hhhh00000");
     assert!(p.layers.iter().all(|l| l.experts.on_card.is_empty()));

@@ -111,6 +111,7 @@ impl<'a> Planner<'a> {
             weights: 0,
             kv: 0,
             scratch: 0,
+            stream: 0,
         };
         let cards = req
             .devices
@@ -599,5 +600,231 @@ mod tests {
         let p = fitted(false, margin + MIB + 1000 * 1024);
         assert_eq!(p.n_ctx, 8192);
         assert_eq!(p.layers[0].device, Location::Host);
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    /// Bytes of `n` weights in Q4_K (144 bytes per 256) and Q6_K (210 per 256).
+    fn q4_k(n: u64) -> u64 {
+        n / 256 * 144
+    }
+    fn q6_k(n: u64) -> u64 {
+        n / 256 * 210
+    }
+
+    /// Qwen3-30B-A3B's shape in Q4_K_M-like sizes: 48 layers of 128 experts (2048 wide, 768 per
+    /// expert, 8 used), 32 query and 4 KV heads of 128, 151 936 tokens; 373.5 MiB of experts
+    /// and 11.4 MiB of attention, norms and router per layer.
+    fn qwen3moe() -> Inventory {
+        let (embd, vocab, ff_exp, experts) = (2048u64, 151_936u64, 768u64, 128u64);
+        let mut tensors = vec![
+            TensorEntry::new("token_embd.weight", q4_k(vocab * embd)),
+            TensorEntry::new("output_norm.weight", embd * 4),
+            TensorEntry::new("output.weight", q6_k(vocab * embd)),
+        ];
+        for il in 0..48 {
+            let mut t = |name: &str, bytes: u64| {
+                tensors.push(TensorEntry::new(&format!("blk.{il}.{name}.weight"), bytes))
+            };
+            t("attn_norm", embd * 4);
+            t("attn_q", q4_k(embd * 4096));
+            t("attn_k", q4_k(embd * 512));
+            t("attn_v", q6_k(embd * 512));
+            t("attn_output", q4_k(4096 * embd));
+            t("attn_q_norm", 128 * 4);
+            t("attn_k_norm", 128 * 4);
+            t("ffn_norm", embd * 4);
+            t("ffn_gate_inp", embd * experts * 4);
+            t("ffn_gate_exps", q4_k(embd * ff_exp * experts));
+            t("ffn_up_exps", q4_k(embd * ff_exp * experts));
+            t("ffn_down_exps", q6_k(ff_exp * embd * experts));
+        }
+        Inventory {
+            tensors,
+            n_layer: 48,
+            n_expert: experts as u32,
+            n_ctx_train: 40960,
+            kv: vec![
+                LayerKv {
+                    k: 512,
+                    v: 512,
+                    window: None,
+                };
+                48
+            ],
+            tied_output_bytes: 0,
+            n_embd: embd as u32,
+            n_vocab: vocab as u32,
+            n_ff_active: 6144,
+        }
+    }
+
+    /// Plans `inv` from a command line and environment onto one card of `card` bytes.
+    fn planned(
+        args: &[&str],
+        env: &[(&str, &str)],
+        inv: &Inventory,
+        card: u64,
+    ) -> Result<Plan, PlanError> {
+        let argv: Vec<String> = ["bloomery-serve", "-m", "x.gguf"]
+            .iter()
+            .chain(args)
+            .map(|s| s.to_string())
+            .collect();
+        let lookup = |k: &str| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let parsed =
+            crate::cli::parse(&argv, &lookup).unwrap_or_else(|e| panic!("{args:?}: {}", e.message));
+        let devices = [DeviceInfo {
+            name: "CUDA0".into(),
+            free_bytes: card,
+            total_bytes: card,
+        }];
+        let host = DeviceInfo {
+            name: "host".into(),
+            free_bytes: 256 * GIB,
+            total_bytes: 256 * GIB,
+        };
+        plan(&PlanRequest {
+            intent: &parsed.placement,
+            inventory: inv,
+            devices: &devices,
+            host: &host,
+            context: ContextRequest {
+                n_ctx: parsed.config.context.ctx_size.max(0) as u32,
+                n_seq: 4,
+                kv_unified: true,
+                swa_full: false,
+                n_ubatch: parsed.config.context.ubatch as u32,
+            },
+            heat: None,
+        })
+    }
+
+    #[test]
+    fn a_card_reserves_two_layers_of_streamed_experts() {
+        let inv = qwen3moe();
+        let layer = inv.layer_expert_bytes(0);
+        assert_eq!(layer, 373 * MIB + MIB / 2);
+        // (options, the ring on the card): experts off the card for any layer the card runs
+        // need the ring; experts all on the card, or no layer on the card, need none
+        let table: [(&[&str], u64); 8] = [
+            (&["--cpu-moe"], 2 * layer),
+            (&["-ncmoe", "10"], 2 * layer),
+            (&["-ot", "exps=CPU"], 2 * layer),
+            (&["-ot", r"blk\.3\.ffn_down_exps=CPU"], 2 * layer),
+            (&["-ngl", "5", "--cpu-moe"], 2 * layer),
+            (&[], 0),
+            (&["-ngl", "all"], 0),
+            (&["-ngl", "0", "--cpu-moe"], 0),
+        ];
+        for (args, ring) in table {
+            let args: Vec<&str> = args.iter().copied().chain(["-c", "4096"]).collect();
+            let p = planned(&args, &[], &inv, 140 * GIB).unwrap_or_else(|e| panic!("{e}"));
+            let card = &p.cards[0];
+            assert_eq!(card.stream, ring, "{args:?}\n{p}");
+            assert_eq!(p.host.stream, 0, "{args:?}");
+            assert_eq!(
+                card.used(),
+                card.weights + card.kv + card.scratch + ring,
+                "{args:?}"
+            );
+            let text = p.to_string();
+            let group = p
+                .groups()
+                .into_iter()
+                .find(|g| g.what == "expert stream ring (2 layer buffers)");
+            if ring > 0 {
+                assert!(
+                    text.contains("expert ring 2 x 373.5 MiB"),
+                    "{args:?}\n{text}"
+                );
+                assert_eq!(
+                    group.map(|g| (g.location, g.bytes)),
+                    Some(("CUDA0".into(), ring))
+                );
+            } else {
+                assert!(!text.contains("ring"), "{args:?}\n{text}");
+                assert_eq!(group, None, "{args:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_ring_holds_the_largest_streamed_layer() {
+        let mut inv = qwen3moe();
+        let layer = inv.layer_expert_bytes(0);
+        let last = inv
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "blk.47.ffn_down_exps.weight")
+            .expect("layer 47 has experts");
+        last.bytes *= 2;
+        let big = inv.layer_expert_bytes(47);
+        assert!(big > layer);
+        for (args, ring) in [
+            (&["--cpu-moe", "-c", "4096"][..], 2 * big),
+            // layers 0-9 stream; layer 47 is whole on the card
+            (&["-ncmoe", "10", "-c", "4096"], 2 * layer),
+        ] {
+            let p = planned(args, &[], &inv, 140 * GIB).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(p.cards[0].stream, ring, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn an_8_gib_budget_holds_weights_kv_scratch_and_ring() {
+        let inv = qwen3moe();
+        let layer = inv.layer_expert_bytes(0);
+        let one_expert = layer / 128;
+        let budget = [("BLOOMERY_CARD_BUDGET", "CUDA0=8G")];
+        for args in [&[][..], &["-c", "32768"], &["-c", "4096", "-ub", "2048"]] {
+            let p = planned(args, &budget, &inv, 140 * GIB).unwrap_or_else(|e| panic!("{e}"));
+            let card = &p.cards[0];
+            assert_eq!(card.budget, Some(8 * GIB));
+            assert!(card.used() <= 8 * GIB, "{args:?}\n{p}");
+            assert_eq!(card.stream, 2 * layer, "{args:?}\n{p}");
+            assert_eq!(
+                p.layers
+                    .iter()
+                    .filter(|l| l.device == Location::Card(0))
+                    .count(),
+                48,
+                "dense weights stay on the card: {args:?}\n{p}"
+            );
+            // the copies fill what the ring leaves, to within one expert
+            let copies: usize = p.layers.iter().map(|l| l.experts.on_card.len()).sum();
+            assert!(copies > 0 && copies < 48 * 128, "{args:?}\n{p}");
+            assert!(8 * GIB - card.used() < one_expert, "{args:?}\n{p}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_names_the_ring() {
+        let inv = qwen3moe();
+        let e = planned(&["--cpu-moe", "-fit", "off", "-c", "4096"], &[], &inv, GIB)
+            .expect_err("1 GiB holds no 48 layers");
+        assert_eq!(
+            e.to_string(),
+            "the model does not fit on CUDA0: weights 790.6 MiB + KV 384.0 MiB (context 4096 tokens, \
+             K f16 V f16) + scratch 348.8 MiB + expert ring 2 x 373.5 MiB = 2.22 GiB, but free 1.00 GiB \
+             less margin 0.0 MiB leaves 1.00 GiB"
+        );
+        let e = planned(
+            &["--cpu-moe", "-c", "4096"],
+            &[("BLOOMERY_CARD_BUDGET", "CUDA0=2G")],
+            &inv,
+            140 * GIB,
+        )
+        .expect_err("--cpu-moe keeps every layer on the card, so --fit cannot move one");
+        let e = e.to_string();
+        assert!(e.contains(" + expert ring 2 x 373.5 MiB = "), "{e}");
+        assert!(
+            e.ends_with("and BLOOMERY_CARD_BUDGET allows 2.00 GiB"),
+            "{e}"
+        );
     }
 }

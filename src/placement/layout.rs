@@ -10,7 +10,7 @@ use super::DeviceInfo;
 use crate::cli::config::{DeviceChoice, Place, SplitMode, TensorOverride};
 use crate::cli::PlacementIntent;
 use fancy_regex::Regex;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Upstream's `--cpu-moe` pattern; `-ncmoe N` prefixes it with `blk\.{i}` for the first N layers.
 pub const EXPERTS_PATTERN: &str = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps";
@@ -200,17 +200,21 @@ impl Layout {
         *self.layer_dev.last().unwrap_or(&Location::Host)
     }
 
+    /// Where block `il` runs; blocks past the model's layers (a head's) go with the output, as
+    /// upstream.
+    fn block_device(&self, il: u32) -> Location {
+        self.layer_dev
+            .get(il as usize)
+            .copied()
+            .unwrap_or(self.output_dev())
+    }
+
     fn rule_location(&self, t: &TensorEntry) -> Location {
         if let Some(o) = self.overrides.iter().find(|o| o.matches(&t.name)) {
             return o.location;
         }
         match t.layer {
-            // blocks past the model's layers (a head's) go with the output, as upstream
-            Some(il) => self
-                .layer_dev
-                .get(il as usize)
-                .copied()
-                .unwrap_or(self.output_dev()),
+            Some(il) => self.block_device(il),
             None if t.is_input() => Location::Host,
             None => self.output_dev(),
         }
@@ -290,12 +294,36 @@ impl Layout {
                 pool.scratch = sizing.scratch(at == output);
             }
         }
+        self.reserve_stream_rings(inv, &tensors, &mut cards);
         Placed {
             tensors,
             cards,
             host,
             kv,
             copies,
+        }
+    }
+
+    /// A card whose layers have expert tensors on the host or disk streams them through a ring
+    /// of two buffers for long prompts, each holding one whole layer's expert tensors (every
+    /// expert, copies or not), so the next layer's copy overlaps this layer's products.
+    fn reserve_stream_rings(&self, inv: &Inventory, tensors: &[Location], cards: &mut [Pool]) {
+        // per layer: its expert bytes, and whether any of them stays off the cards
+        let mut layers: BTreeMap<u32, (u64, bool)> = BTreeMap::new();
+        for (t, &at) in inv.tensors.iter().zip(tensors) {
+            let (true, Some(il)) = (t.expert, t.layer) else {
+                continue;
+            };
+            let (bytes, streamed) = layers.entry(il).or_default();
+            *bytes += t.bytes;
+            *streamed |= !matches!(at, Location::Card(_));
+        }
+        for (il, (bytes, streamed)) in layers {
+            if let (true, Location::Card(c)) = (streamed, self.block_device(il)) {
+                if let Some(pool) = cards.get_mut(c) {
+                    pool.stream = pool.stream.max(2 * bytes);
+                }
+            }
         }
     }
 }

@@ -12,6 +12,8 @@
 //! experts to the host, then copies as many single experts back as the cards hold (hottest first
 //! when routing counts are known); `--place bp` puts attention on the larger of two cards and
 //! experts on the other; `--place 0+1` picks cards; `BLOOMERY_CARD_BUDGET` caps a card.
+//! A card running layers whose experts live on the host or disk also holds the ring those
+//! experts stream through for long prompts (`Pool::stream`), and every fit decision weighs it.
 
 mod budget;
 mod fit;

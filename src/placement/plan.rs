@@ -70,11 +70,15 @@ pub struct Pool {
     pub kv: u64,
     /// Estimated compute buffers (activations, logits) for one ubatch.
     pub scratch: u64,
+    /// The ring of two buffers that expert tensors kept off the card stream through for this
+    /// card's layers on long prompts (one copy lands while the other computes), each the size of
+    /// the largest such layer's expert tensors; 0 when every layer here has its experts here.
+    pub stream: u64,
 }
 
 impl Pool {
     pub fn used(&self) -> u64 {
-        self.weights + self.kv + self.scratch
+        self.weights + self.kv + self.scratch + self.stream
     }
 
     /// The most this pool may hold: free memory less the margin, capped by the budget.
@@ -178,6 +182,11 @@ impl Plan {
                     (n + l.experts.on_card.len(), b + l.copy_bytes)
                 });
             push(format!("{count} expert copies"), Location::Card(c), bytes);
+            push(
+                "expert stream ring (2 layer buffers)".into(),
+                Location::Card(c),
+                self.cards[c].stream,
+            );
         }
         let output: Vec<&TensorPlan> = self.tensors.iter().filter(|t| is_output(t)).collect();
         for at in locations(output.iter().map(|t| t.location).chain([self.output])) {
@@ -261,6 +270,16 @@ fn size(bytes: u64) -> String {
     }
 }
 
+/// The stream ring as a term after `sep` (`expert ring 2 x 384.0 MiB`); nothing for a pool
+/// without one, so plans with every expert at home read as before.
+fn ring(pool: &Pool, sep: &str) -> String {
+    if pool.stream == 0 {
+        String::new()
+    } else {
+        format!("{sep}expert ring 2 x {}", size(pool.stream / 2))
+    }
+}
+
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         writeln!(
@@ -271,13 +290,14 @@ impl fmt::Display for Plan {
         for p in self.pools() {
             writeln!(
                 f,
-                "  {:<6} {:>10} used of {:>10} (weights {}, KV {}, scratch {}; free {}, margin {}{})",
+                "  {:<6} {:>10} used of {:>10} (weights {}, KV {}, scratch {}{}; free {}, margin {}{})",
                 p.name,
                 size(p.used()),
                 size(p.limit()),
                 size(p.weights),
                 size(p.kv),
                 size(p.scratch),
+                ring(p, ", "),
                 size(p.free),
                 size(p.margin),
                 p.budget
@@ -408,13 +428,14 @@ impl fmt::Display for PlanError {
                 } = not_fit.as_ref();
                 write!(
                     f,
-                    "the model does not fit on {}: weights {} + KV {} (context {n_ctx} tokens, K {} V {}) + scratch {} = {}, ",
+                    "the model does not fit on {}: weights {} + KV {} (context {n_ctx} tokens, K {} V {}) + scratch {}{} = {}, ",
                     pool.name,
                     size(pool.weights),
                     size(pool.kv),
                     cache_types.0,
                     cache_types.1,
                     size(pool.scratch),
+                    ring(pool, " + "),
                     size(pool.used()),
                 )?;
                 write!(
@@ -467,6 +488,7 @@ mod tests {
             weights: 0,
             kv: 0,
             scratch: 0,
+            stream: 0,
         };
         assert_eq!(p.limit(), 14 << 30);
         p.budget = Some(8 << 30);
