@@ -1012,7 +1012,7 @@ mod tests {
         assert_eq!(execution(&whole, &cards, 0), Some((0, None)));
     }
 
-    /// Two MoE layers of 64 MiB attention and 3 x 64 MiB of experts (8 experts), 64 MiB output.
+    /// Four MoE layers of 64 MiB attention and 3 x 64 MiB of experts (8 experts), 64 MiB output.
     fn moe_inventory() -> Inventory {
         use crate::placement::{LayerKv, TensorEntry};
         const MIB: u64 = 1 << 20;
@@ -1020,7 +1020,7 @@ mod tests {
             TensorEntry::new("token_embd.weight", 32 * MIB),
             TensorEntry::new("output.weight", 64 * MIB),
         ];
-        for il in 0..2 {
+        for il in 0..4 {
             tensors.push(TensorEntry::new(
                 &format!("blk.{il}.attn_q.weight"),
                 64 * MIB,
@@ -1039,10 +1039,10 @@ mod tests {
         };
         Inventory {
             tensors,
-            n_layer: 2,
+            n_layer: 4,
             n_expert: 8,
             n_ctx_train: 8192,
-            kv: vec![kv; 2],
+            kv: vec![kv; 4],
             tied_output_bytes: 0,
             n_embd: 64,
             n_vocab: 1000,
@@ -1072,17 +1072,18 @@ mod tests {
         );
         assert_eq!(
             run(&["-c", "4096", "--cpu-moe"], 4096).0,
-            Some((0, Some(vec![vec![], vec![]]))),
+            Some((0, Some(vec![vec![]; 4]))),
             "every expert on the host"
         );
         assert_eq!(
             run(&["-c", "4096", "-ncmoe", "1"], 4096).0,
-            Some((0, Some(vec![vec![], all.clone()]))),
+            Some((0, Some(vec![vec![], all.clone(), all.clone(), all]))),
             "the first layer's experts on the host"
         );
         assert_eq!(run(&["-c", "4096", "-ngl", "0"], 4096).0, None);
-        // a card too small for every expert: the automatic plan copies as many as fit
-        let (exec, plan) = run(&["-c", "4096"], 1400);
+        // a card too small for every expert (1108 MiB with them, 340 + a 384 MiB ring without
+        // them, beside the 1 GiB margin): the automatic plan copies as many as fit
+        let (exec, plan) = run(&["-c", "4096"], 1024 + 900);
         let Some((0, Some(per_layer))) = exec else {
             panic!("the card serves with some experts on the host: {exec:?}");
         };
@@ -1095,8 +1096,8 @@ mod tests {
             assert_eq!(per_layer[il], expect, "layer {il}");
         }
         assert!(
-            per_layer.iter().map(Vec::len).sum::<usize>() < 16,
-            "some experts stay on the host"
+            (1..32).contains(&per_layer.iter().map(Vec::len).sum::<usize>()),
+            "some experts copied, some left on the host: {per_layer:?}"
         );
     }
 
