@@ -62,6 +62,7 @@ fn cli() -> Command {
 }
 
 fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let m = cli().get_matches();
     let get = |k: &str| *m.get_one::<usize>(k).expect("has a default");
     let path = PathBuf::from(m.get_one::<String>("model").expect("required"));

@@ -66,6 +66,25 @@ struct HostSide {
     ids: Vec<i32>,
     x: Vec<f32>,
     y: Vec<f32>,
+    /// Time spent waiting for the card's routing and activations, computing on the host, and
+    /// sending the results back, over `layers` layer steps (logged when the model drops).
+    waits: [std::time::Duration; 3],
+    layers: u64,
+}
+
+impl Drop for HostSide {
+    fn drop(&mut self) {
+        if self.layers > 0 {
+            let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / self.layers as f64;
+            log::info!(
+                "host experts over {} layer steps, per step: {:.1} us waiting for the card, {:.1} us computing, {:.1} us sending back",
+                self.layers,
+                us(self.waits[0]),
+                us(self.waits[1]),
+                us(self.waits[2])
+            );
+        }
+    }
 }
 
 /// Card buffers that host experts stream through during a long prompt pass, each the size of a
@@ -509,6 +528,8 @@ impl GpuModel {
                 ids: Vec::new(),
                 x: Vec::new(),
                 y: Vec::new(),
+                waits: Default::default(),
+                layers: 0,
             };
             (Some(host), Some(stream_ring(&cuda, &host_layers)?))
         };
@@ -1031,10 +1052,13 @@ fn moe(
         return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e);
     };
     let side = h.side;
+    let t0 = std::time::Instant::now();
     side.ids.resize(n * k, 0);
     c.gpu.download(&mut side.ids, ids)?;
     side.x.resize(n * e, 0.0);
     c.gpu.download(&mut side.x, s.cur.ptr())?;
+    side.waits[0] += t0.elapsed();
+    side.layers += 1;
     let slots: Vec<i32> = side.ids.iter().map(|&x| h.slot[x as usize]).collect();
     let mut pairs = Vec::new();
     let mut rows = Vec::new();
@@ -1055,6 +1079,7 @@ fn moe(
     }
     if !pairs.is_empty() {
         let t = h.tensors;
+        let t1 = std::time::Instant::now();
         side.y.resize(pairs.len() * e, 0.0);
         expert_pairs(
             &side.pool,
@@ -1066,6 +1091,8 @@ fn moe(
             &mut side.y,
             &mut side.bufs,
         );
+        let t2 = std::time::Instant::now();
+        side.waits[1] += t2 - t1;
         let staged = c.buf(Buf::HostOut, side.y.len() * 4)?;
         c.gpu.upload(staged, &side.y)?;
         c.gpu.upload(s.host_rows.ptr(), &rows)?;
@@ -1077,6 +1104,7 @@ fn moe(
             e,
             pairs.len(),
         )?;
+        side.waits[2] += t2.elapsed();
     }
     c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
 }

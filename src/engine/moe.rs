@@ -7,7 +7,8 @@
 use super::arch::{Act, Hparams};
 use super::model::glu;
 use super::weights::Tensor;
-use crate::backend::cpu::matmul::{matmul, matmul_pairs, Activations};
+use crate::backend::cpu::matmul::{matmul, matmul_pairs, pair_dots, Activations};
+use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::{QMat, ThreadPool};
 use crate::model::quants::vec_dot_type;
 
@@ -16,19 +17,35 @@ use crate::model::quants::vec_dot_type;
 const PAIRS_MAX_TOKENS: usize = 8;
 
 /// Reusable buffers of [`expert_pairs`].
-#[derive(Default)]
 pub struct PairBufs {
     x: Activations,
     x_up: Activations,
     h: Activations,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Converts the few activation rows of a decode step on the calling thread: waking the
+    /// pool costs more than the conversion.
+    serial: ThreadPool,
+}
+
+impl Default for PairBufs {
+    fn default() -> Self {
+        PairBufs {
+            x: Activations::new(),
+            x_up: Activations::new(),
+            h: Activations::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            serial: ThreadPool::new(1),
+        }
+    }
 }
 
 /// The unweighted outputs of the experts in `pairs` (token, expert) for the token rows of `x`
 /// (`gate.cols` floats each): `out` gets one row of `gate.cols` floats per pair, in pair order.
 /// `gate`, `up` and `down` are the stacked expert tensors (`nf` rows per expert for gate and up,
-/// `gate.cols` rows per expert for down).
+/// `gate.cols` rows per expert for down). Two passes of the pool: gate, up and the activation
+/// function together, then down.
 #[allow(clippy::too_many_arguments)]
 pub fn expert_pairs(
     pool: &ThreadPool,
@@ -45,23 +62,61 @@ pub fn expert_pairs(
     let np = pairs.len();
     // the products index (expert block, activation row)
     let by_token: Vec<(usize, usize)> = pairs.iter().map(|&(t, x)| (x, t)).collect();
-    b.x.prepare(pool, gate.ty, x, e, n_tok);
+    b.x.prepare(&b.serial, gate.ty, x, e, n_tok);
+    let same = vec_dot_type(up.ty) == vec_dot_type(gate.ty);
+    if !same {
+        b.x_up.prepare(&b.serial, up.ty, x, e, n_tok);
+    }
+    let x_up = if same { &b.x } else { &b.x_up };
     b.gate.resize(np * nf, 0.0);
     b.up.resize(np * nf, 0.0);
-    matmul_pairs(pool, &gate, nf, &by_token, &b.x, &mut b.gate);
-    let x_up = if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
-        &b.x
-    } else {
-        b.x_up.prepare(pool, up.ty, x, e, n_tok);
-        &b.x_up
-    };
-    matmul_pairs(pool, &up, nf, &by_token, x_up, &mut b.up);
-    glu(act, &mut b.gate, &b.up);
-    b.h.prepare(pool, down.ty, &b.gate, nf, np);
+    matmul_pairs_glu(
+        pool,
+        act,
+        [&gate, &up],
+        nf,
+        &by_token,
+        [&b.x, x_up],
+        &mut b.gate,
+        &mut b.up,
+    );
+    b.h.prepare(&b.serial, down.ty, &b.gate, nf, np);
     let by_pair: Vec<(usize, usize)> = pairs.iter().enumerate().map(|(j, p)| (p.1, j)).collect();
     matmul_pairs(pool, &down, e, &by_pair, &b.h, out);
 }
 
+/// [`matmul_pairs`] of `gate` and `up` over the same pairs in one pass, each thread applying the
+/// activation function to the rows it computed: `g = act(g) * u`.
+#[allow(clippy::too_many_arguments)]
+fn matmul_pairs_glu(
+    pool: &ThreadPool,
+    act: Act,
+    [gate, up]: [&QMat; 2],
+    rows_per: usize,
+    pairs: &[(usize, usize)],
+    [xg, xu]: [&Activations; 2],
+    g: &mut [f32],
+    u: &mut [f32],
+) {
+    let n = pairs.len() * rows_per;
+    let (gp, up_out) = (SyncPtr::new(g.as_mut_ptr()), SyncPtr::new(u.as_mut_ptr()));
+    pool.run(|ith, nth| {
+        let (i0, i1) = split_range(n, ith, nth, 16);
+        if i0 >= i1 {
+            return;
+        }
+        // SAFETY: each thread writes only rows [i0, i1) of both buffers, sized by the caller.
+        let (gs, us) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(gp.get().add(i0), i1 - i0),
+                std::slice::from_raw_parts_mut(up_out.get().add(i0), i1 - i0),
+            )
+        };
+        pair_dots(gate, rows_per, pairs, xg, i0, gs);
+        pair_dots(up, rows_per, pairs, xu, i0, us);
+        glu(act, gs, us);
+    });
+}
 /// The experts token `t` uses, best first, with their weights.
 pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f32)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

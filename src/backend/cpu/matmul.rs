@@ -154,18 +154,33 @@ pub fn matmul_pairs(
             .all(|&(b, t)| (b + 1) * rows_per <= w.rows && t < act.n),
         "pairs name blocks of w and rows of act"
     );
-    let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
     let total = pairs.len() * rows_per;
     let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
         let (i0, i1) = split_range(total, ith, nth, ROW_TILE);
-        for i in i0..i1 {
-            let (block, t) = pairs[i / rows_per];
-            let r = block * rows_per + i % rows_per;
+        if i0 < i1 {
             // SAFETY: each thread writes only its own range of `out`, sized above.
-            unsafe { *out.get().add(i) = dot(w.cols, w.row(r), act.row(t)) };
+            let mine = unsafe { std::slice::from_raw_parts_mut(out.get().add(i0), i1 - i0) };
+            pair_dots(w, rows_per, pairs, act, i0, mine);
         }
     });
+}
+
+/// Entries `[i0, i0 + out.len())` of [`matmul_pairs`]'s output, on the calling thread.
+pub fn pair_dots(
+    w: &QMat,
+    rows_per: usize,
+    pairs: &[(usize, usize)],
+    act: &Activations,
+    i0: usize,
+    out: &mut [f32],
+) {
+    let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    for (j, o) in out.iter_mut().enumerate() {
+        let (block, t) = pairs[(i0 + j) / rows_per];
+        let r = block * rows_per + (i0 + j) % rows_per;
+        *o = dot(w.cols, w.row(r), act.row(t));
+    }
 }
 
 /// The single-threaded body, also used for products too small to be worth splitting.
