@@ -1,5 +1,6 @@
-//! Runtime choice of the dot-product kernel for a weight type: AVX2+FMA when the CPU has it,
-//! the scalar reference otherwise. Decided once per process.
+//! Runtime choice of the dot-product kernel for a weight type: AVX-512 VNNI where we have a kernel
+//! for it and the CPU runs it, else AVX2+FMA, else the scalar reference. Decided once per
+//! process.
 
 use std::sync::OnceLock;
 
@@ -14,17 +15,21 @@ pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 pub enum Isa {
     Scalar,
     Avx2,
+    /// AVX2 plus avx512f, avx512bw and avx512vnni.
+    Avx512Vnni,
 }
 
-/// The instruction set the kernels use on this machine (`BLOOMERY_CPU_ISA=scalar` forces the
-/// reference path, for tests and for comparing speeds).
+/// The instruction set the kernels use on this machine (`BLOOMERY_CPU_ISA=scalar` or `avx2`
+/// caps it, for tests and for comparing speeds).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        if std::env::var("BLOOMERY_CPU_ISA").is_ok_and(|v| v == "scalar") {
-            return Isa::Scalar;
+        let found = detect();
+        match std::env::var("BLOOMERY_CPU_ISA").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if found != Isa::Scalar => Isa::Avx2,
+            _ => found,
         }
-        detect()
     })
 }
 
@@ -35,6 +40,12 @@ fn detect() -> Isa {
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                return Isa::Avx512Vnni;
+            }
             return Isa::Avx2;
         }
     }
@@ -65,9 +76,15 @@ pub fn scalar_kernel(w: GgmlType) -> Option<DotFn> {
 
 /// The fastest kernel this CPU runs for weights of type `w`.
 pub fn kernel(w: GgmlType) -> Option<DotFn> {
-    match isa() {
+    kernel_for(isa(), w)
+}
+
+/// The fastest kernel for weights of type `w` using at most `isa`.
+fn kernel_for(isa: Isa, w: GgmlType) -> Option<DotFn> {
+    match isa {
         Isa::Scalar => scalar_kernel(w),
         Isa::Avx2 => simd_kernel(w).or_else(|| scalar_kernel(w)),
+        Isa::Avx512Vnni => vnni_kernel(w).or_else(|| kernel_for(Isa::Avx2, w)),
     }
 }
 
@@ -90,8 +107,26 @@ fn simd_kernel(w: GgmlType) -> Option<DotFn> {
     })
 }
 
+#[cfg(target_arch = "x86_64")]
+fn vnni_kernel(w: GgmlType) -> Option<DotFn> {
+    use super::avx512;
+    use GgmlType::*;
+    // SAFETY (all): only reached when `isa()` detected avx512f, avx512bw and avx512vnni besides
+    // avx2, fma and f16c.
+    Some(match w {
+        Q4K => |n, w, a| unsafe { avx512::q4_k_q8_k(n, w, a) },
+        Q5K => |n, w, a| unsafe { avx512::q5_k_q8_k(n, w, a) },
+        _ => return None,
+    })
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn simd_kernel(_w: GgmlType) -> Option<DotFn> {
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni_kernel(_w: GgmlType) -> Option<DotFn> {
     None
 }
 
@@ -140,6 +175,37 @@ mod tests {
         w
     }
 
+    /// `cargo test --release --lib kernel_speed -- --ignored --nocapture`: nanoseconds per
+    /// 256 weights of each kernel level on cache-resident rows (no timing is asserted).
+    #[test]
+    #[ignore]
+    fn kernel_speed() {
+        use GgmlType::*;
+        let mut rng = Rng(7);
+        for ty in [Q4K, Q5K, Q6K, Q8_0, Q4_0] {
+            let n = 4096;
+            let act = vec_dot_type(ty);
+            let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            let mut a = vec![0u8; act_row_bytes(act, n)];
+            quantize_act(act, &x, &mut a);
+            let rows: Vec<Vec<u8>> = (0..8).map(|_| random_weights(ty, n, &mut rng)).collect();
+            for level in [Isa::Avx2, Isa::Avx512Vnni]
+                .into_iter()
+                .filter(|&l| l as u8 <= detect() as u8)
+            {
+                let f = kernel_for(level, ty).unwrap();
+                let reps = 20_000;
+                let t = std::time::Instant::now();
+                let mut sink = 0.0;
+                for r in 0..reps {
+                    sink += f(n, &rows[r % 8], &a);
+                }
+                let ns = t.elapsed().as_nanos() as f64 / (reps * n / 256) as f64;
+                println!("{ty} {level:?}: {ns:.1} ns per 256 weights ({sink:.1})");
+            }
+        }
+    }
+
     #[test]
     fn simd_kernels_agree_with_scalar() {
         use GgmlType::*;
@@ -152,12 +218,16 @@ mod tests {
             quantize_act(act, &x, &mut a);
             let w = random_weights(ty, n, &mut rng);
             let reference = scalar_kernel(ty).unwrap()(n, &w, &a);
-            let fast = kernel(ty).unwrap()(n, &w, &a);
-            let tol = 1e-4 * reference.abs().max(1.0);
-            assert!(
-                (reference - fast).abs() <= tol,
-                "{ty}: scalar {reference} simd {fast}"
-            );
+            // every level this machine runs, not only the best
+            let levels = [Isa::Avx2, Isa::Avx512Vnni];
+            for level in levels.into_iter().filter(|&l| l as u8 <= detect() as u8) {
+                let fast = kernel_for(level, ty).unwrap()(n, &w, &a);
+                let tol = 1e-4 * reference.abs().max(1.0);
+                assert!(
+                    (reference - fast).abs() <= tol,
+                    "{ty} {level:?}: scalar {reference} simd {fast}"
+                );
+            }
         }
     }
 }

@@ -1,8 +1,10 @@
 //! CPU kernels: threaded matrix-vector and matrix-matrix products on quantized weights, with a
-//! scalar reference path and AVX2 kernels chosen at run time. Knows nothing about models or HTTP.
+//! scalar reference path and AVX2 and AVX-512 VNNI kernels chosen at run time. Knows nothing about models or HTTP.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod dot;
 pub mod matmul;
 pub mod pool;

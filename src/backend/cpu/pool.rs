@@ -2,6 +2,7 @@
 //! wait for the next. Workers spin briefly before sleeping, so the many small steps of a decode
 //! pay no thread start-up and little wake-up latency.
 
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -14,10 +15,15 @@ type Job = dyn Fn(usize, usize) + Sync;
 struct Shared {
     n_threads: usize,
     generation: AtomicU64,
-    /// The current job, lifetime erased; valid while `run` has not returned.
-    job: Mutex<Option<*const Job>>,
+    /// The current job, lifetime erased; valid while `run` has not returned. Written by `run`
+    /// before it moves `generation` on (release) and read by workers after they see the new
+    /// generation (acquire), never while a worker still runs the previous job, so it needs no
+    /// lock: a mutex here made every worker queue for it on every step.
+    job: UnsafeCell<Option<*const Job>>,
     wake: Condvar,
     sleeping_lock: Mutex<()>,
+    /// Workers asleep on `wake` (a step with none skips the wake-up call).
+    sleeping: AtomicUsize,
     finished: AtomicUsize,
     quit: AtomicBool,
 }
@@ -39,9 +45,10 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             n_threads,
             generation: AtomicU64::new(0),
-            job: Mutex::new(None),
+            job: UnsafeCell::new(None),
             wake: Condvar::new(),
             sleeping_lock: Mutex::new(()),
+            sleeping: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
             quit: AtomicBool::new(false),
         });
@@ -74,11 +81,16 @@ impl ThreadPool {
         let job: *const Job = unsafe {
             std::mem::transmute::<&(dyn Fn(usize, usize) + Sync + '_), &'static Job>(job)
         };
-        *lock(&self.shared.job) = Some(job);
+        // SAFETY: no worker reads `job` now: each finished the previous step (counted below
+        // before the last `run` returned) and waits for the generation to move.
+        unsafe { *self.shared.job.get() = Some(job) };
         self.shared.finished.store(0, Ordering::Release);
-        {
+        // the generation moves before the sleepers are counted, and a worker counts itself
+        // before it checks the generation (both sequentially consistent): either this sees the
+        // sleeper and wakes it under the lock it waits with, or the sleeper sees the new step
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::SeqCst) > 0 {
             let _guard = lock(&self.shared.sleeping_lock);
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
             self.shared.wake.notify_all();
         }
         f(0, n);
@@ -106,18 +118,24 @@ fn worker(shared: Arc<Shared>, ith: usize) {
                 std::hint::spin_loop();
             } else {
                 let guard = lock(&shared.sleeping_lock);
-                if shared.generation.load(Ordering::Acquire) == seen
+                // counted before the generation is checked (see `run`)
+                shared.sleeping.fetch_add(1, Ordering::SeqCst);
+                if shared.generation.load(Ordering::SeqCst) == seen
                     && !shared.quit.load(Ordering::Acquire)
                 {
                     drop(shared.wake.wait(guard));
+                } else {
+                    drop(guard);
                 }
+                shared.sleeping.fetch_sub(1, Ordering::SeqCst);
             }
         };
         if shared.quit.load(Ordering::Acquire) {
             return;
         }
         seen = generation;
-        let job = (*lock(&shared.job)).expect("a job is set before the generation moves");
+        // SAFETY: written before the generation this worker saw moved (see `Shared::job`).
+        let job = unsafe { *shared.job.get() }.expect("a job is set before the generation moves");
         // SAFETY: `run` keeps the closure alive until `finished` counts this thread.
         unsafe { (*job)(ith, shared.n_threads) };
         shared.finished.fetch_add(1, Ordering::AcqRel);
@@ -182,6 +200,21 @@ mod tests {
             hits.load(Ordering::Relaxed),
             1000 + (1000 << 10) + (1000 << 20)
         );
+    }
+
+    #[test]
+    fn sleeping_workers_wake_for_the_next_step() {
+        let pool = ThreadPool::new(4);
+        let hits = AtomicUsize::new(0);
+        for i in 0..40 {
+            // gaps around the spin budget, so workers are caught spinning, falling asleep and
+            // asleep
+            std::thread::sleep(std::time::Duration::from_micros((i % 5) * 700));
+            pool.run(|_, _| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(hits.load(Ordering::Relaxed), 160);
     }
 
     #[test]

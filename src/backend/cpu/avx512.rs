@@ -1,0 +1,134 @@
+//! AVX-512 VNNI dot products for the k-quants decode leans on (Q4_K, Q5_K against Q8_K): one
+//! `vpdpbusd` multiplies 64 weight nibbles by 64 activation bytes and sums them in fours, where
+//! AVX2 needs a multiply-add pair and a second widening step. Integer sums equal the scalar
+//! reference's exactly; only the float accumulation order differs. Each function is `unsafe`
+//! only because the caller must have detected avx512f, avx512bw and avx512vnni;
+//! [`super::dot::kernel`] does that once.
+
+use std::arch::x86_64::*;
+
+use super::quant::{Q8_K_BYTES, QK_K};
+use crate::model::quants::f16_to_f32;
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block's 12 scale bytes, all at
+/// once (the layout `scale_min_k4` reads one sub-block at a time).
+#[inline(always)]
+pub fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    // sub-blocks 0-3 keep 6 bits in bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take 4
+    // low bits from bytes 8-11 and their top 2 bits from the top of bytes 0-7
+    let scales_lo = w0 & LOW6;
+    let scales_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let mins_lo = w1 & LOW6;
+    let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    let mut s = [0u8; 8];
+    let mut m = [0u8; 8];
+    s[..4].copy_from_slice(&scales_lo.to_le_bytes());
+    s[4..].copy_from_slice(&scales_hi.to_le_bytes());
+    m[..4].copy_from_slice(&mins_lo.to_le_bytes());
+    m[4..].copy_from_slice(&mins_hi.to_le_bytes());
+    (s, m)
+}
+
+/// Q4_K (`wb` 144) or Q5_K (`wb` 176, `five`) blocks against Q8_K activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
+    let nb = n / QK_K;
+    assert!(w.len() >= nb * wb && a.len() >= nb * Q8_K_BYTES);
+    let mut acc = _mm512_setzero_ps();
+    let mut acc_m = 0.0f32;
+    let low4 = _mm256_set1_epi8(0x0f);
+    // lanes 0-7 of a chunk's product belong to its even sub-block, 8-15 to its odd one
+    let mut pick = [_mm512_setzero_si512(); 4];
+    for (c, p) in pick.iter_mut().enumerate() {
+        let c = c as i32;
+        *p = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
+    }
+    let sixteen = _mm512_set1_epi8(16);
+    let qs_at = if five { 48 } else { 16 };
+    for i in 0..nb {
+        let bw = w.as_ptr().add(i * wb);
+        let ba = a.as_ptr().add(i * Q8_K_BYTES);
+        let da = f32::from_le_bytes(*(ba as *const [u8; 4]));
+        let d = f16_to_f32(u16::from_le_bytes(*(bw as *const [u8; 2]))) * da;
+        let dmin = f16_to_f32(u16::from_le_bytes(*(bw.add(2) as *const [u8; 2]))) * da;
+        let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(bw.add(4), 12));
+        // mins times the activations' sub-block sums (pairs of the 16 stored i16 sums)
+        let bsums = _mm256_loadu_si256(ba.add(4 + QK_K) as *const __m256i);
+        let sub_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        let mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+        let mm = _mm256_mullo_epi32(sub_sums, mins);
+        let mm = _mm_add_epi32(_mm256_castsi256_si128(mm), _mm256_extracti128_si256(mm, 1));
+        let mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
+        let summ = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
+        let scales = _mm512_cvtepu8_epi32(_mm_loadl_epi64(sc.as_ptr() as *const __m128i));
+        let qh = if five {
+            let h = _mm256_loadu_si256(bw.add(16) as *const __m256i);
+            _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1)
+        } else {
+            _mm512_setzero_si512()
+        };
+        let mut sumi = _mm512_setzero_si512();
+        for (c, p) in pick.iter().enumerate() {
+            let raw = _mm256_loadu_si256(bw.add(qs_at + 32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(raw, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            let mut q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            if five {
+                // bit 2c of each qh byte is the fifth bit of the low half, 2c+1 of the high
+                let bit = _mm512_inserti64x4(
+                    _mm512_set1_epi8(1 << (2 * c)),
+                    _mm256_set1_epi8(1 << (2 * c + 1)),
+                    1,
+                );
+                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, sixteen);
+            }
+            let x = _mm512_loadu_si512(ba.add(4 + 64 * c) as *const __m512i);
+            let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
+            let scale = _mm512_permutexvar_epi32(*p, scales);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dots, scale));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        acc_m += dmin * summ as f32;
+    }
+    _mm512_reduce_add_ps(acc) - acc_m
+}
+
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 144, a, false)
+}
+
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 176, a, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::quant::scale_min_k4;
+    use super::*;
+
+    #[test]
+    fn all_scales_at_once_equal_one_at_a_time() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..2000 {
+            let mut q = [0u8; 12];
+            for b in &mut q {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            let (s, m) = k4_scales_mins(&q);
+            for j in 0..8 {
+                assert_eq!((s[j], m[j]), scale_min_k4(j, &q), "sub-block {j} of {q:?}");
+            }
+        }
+    }
+}
