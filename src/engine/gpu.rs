@@ -1128,10 +1128,36 @@ fn card_pairs(
     c.matmul_id(down, ids, s.gate.ptr(), 1, n * k, s.moe_y.ptr())
 }
 
+/// Padded rows one pass of [`card_groups`] may hold (or the ubatch's tokens, if more): bounds its
+/// buffers however the routing skews.
+pub const GROUP_ROWS: usize = 4096;
+
+/// Passes `(first expert, experts, padded group size)` over the experts with pairs in `groups`:
+/// at most `per` experts, and at most `max_rows` padded rows (unless one group alone is larger).
+fn expert_passes(groups: &[Vec<usize>], per: usize, max_rows: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut e0 = 0;
+    while e0 < groups.len() {
+        let (mut count, mut m) = (0, 0);
+        while e0 + count < groups.len() && count < per {
+            let grown = m.max(groups[e0 + count].len());
+            if count > 0 && (count + 1) * grown > max_rows {
+                break;
+            }
+            (m, count) = (grown, count + 1);
+        }
+        if m > 0 {
+            out.push((e0, count, m));
+        }
+        e0 += count;
+    }
+    out
+}
+
 /// Prompt-sized expert products: each expert of `mats` gets the pairs whose entry in `slots` names
-/// it (negative entries are skipped), gathered into a group padded to the largest group, and all
-/// groups are multiplied in one batched product per matrix; results land in the pairs' rows of
-/// `s.moe_y`.
+/// it (negative entries are skipped), gathered into a group padded to the largest group; the
+/// groups of a pass of experts (as many as [`Cuda::experts_per_pass`] allows) are multiplied in
+/// one batched product per matrix, and the results land in the pairs' rows of `s.moe_y`.
 #[allow(clippy::too_many_arguments)]
 fn card_groups(
     c: &mut Cuda,
@@ -1150,33 +1176,34 @@ fn card_groups(
             by_slot[x as usize].push(p);
         }
     }
-    let m = by_slot.iter().map(Vec::len).max().unwrap_or(0);
-    if m == 0 {
-        return Ok(());
-    }
-    lists.clear();
-    lists.resize(2 * ng * m, -1);
-    for (x, pairs) in by_slot.iter().enumerate() {
-        for (j, &p) in pairs.iter().enumerate() {
-            lists[x * m + j] = (p / k) as i32;
-            lists[ng * m + x * m + j] = p as i32;
+    let per = Cuda::experts_per_pass(gate).min(Cuda::experts_per_pass(down));
+    for (e0, count, m) in expert_passes(&by_slot, per, GROUP_ROWS.max(n)) {
+        let groups = &by_slot[e0..e0 + count];
+        lists.clear();
+        lists.resize(2 * count * m, -1);
+        for (x, pairs) in groups.iter().enumerate() {
+            for (j, &p) in pairs.iter().enumerate() {
+                lists[x * m + j] = (p / k) as i32;
+                lists[count * m + x * m + j] = p as i32;
+            }
         }
+        let (tok_lists, pair_lists) = (s.moe_lists.ptr(), s.moe_lists.at(4 * count * m));
+        c.gpu.upload(tok_lists, lists)?;
+        let rows = count * m;
+        let x16 = c.buf(Buf::X16, rows * e * 2)?;
+        c.move_rows(RowMove::GatherF16, s.cur.ptr(), tok_lists, x16, e, rows)?;
+        let g = c.buf(Buf::MoeGate, rows * nf * 4)?;
+        let u = c.buf(Buf::MoeUp, rows * nf * 4)?;
+        c.matmul_experts(gate, e0, count, x16, m, g)?;
+        c.matmul_experts(up, e0, count, x16, m, u)?;
+        c.glu(g, u, rows * nf, gelu)?;
+        let g16 = c.buf(Buf::X16, rows * nf * 2)?;
+        c.to_f16(g, g16, rows * nf)?;
+        let y = c.buf(Buf::MoeOut, rows * e * 4)?;
+        c.matmul_experts(down, e0, count, g16, m, y)?;
+        c.move_rows(RowMove::Scatter, y, pair_lists, s.moe_y.ptr(), e, rows)?;
     }
-    let (tok_lists, pair_lists) = (s.moe_lists.ptr(), s.moe_lists.at(4 * ng * m));
-    c.gpu.upload(tok_lists, lists)?;
-    let rows = ng * m;
-    let x16 = c.buf(Buf::X16, rows * e * 2)?;
-    c.move_rows(RowMove::GatherF16, s.cur.ptr(), tok_lists, x16, e, rows)?;
-    let g = c.buf(Buf::MoeGate, rows * nf * 4)?;
-    let u = c.buf(Buf::MoeUp, rows * nf * 4)?;
-    c.matmul_experts(gate, x16, m, g)?;
-    c.matmul_experts(up, x16, m, u)?;
-    c.glu(g, u, rows * nf, gelu)?;
-    let g16 = c.buf(Buf::X16, rows * nf * 2)?;
-    c.to_f16(g, g16, rows * nf)?;
-    let y = c.buf(Buf::MoeOut, rows * e * 4)?;
-    c.matmul_experts(down, g16, m, y)?;
-    c.move_rows(RowMove::Scatter, y, pair_lists, s.moe_y.ptr(), e, rows)
+    Ok(())
 }
 
 impl Forward for GpuModel {
@@ -1255,6 +1282,24 @@ impl Forward for GpuModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expert_passes_bound_experts_and_padded_rows() {
+        let g = |sizes: &[usize]| -> Vec<Vec<usize>> {
+            sizes.iter().map(|&n| (0..n).collect()).collect()
+        };
+        // at most 3 experts a pass; empty passes are skipped
+        assert_eq!(
+            expert_passes(&g(&[2, 0, 1, 4, 0, 0, 0]), 3, 100),
+            vec![(0, 3, 2), (3, 3, 4)]
+        );
+        // 10 padded rows at most: a big group starts its own pass, and may exceed alone
+        assert_eq!(
+            expert_passes(&g(&[3, 3, 3, 12, 1]), 8, 10),
+            vec![(0, 3, 3), (3, 1, 12), (4, 1, 1)]
+        );
+        assert!(expert_passes(&g(&[0, 0]), 4, 10).is_empty());
+    }
 
     #[test]
     fn long_runs_attend_through_products_and_the_rest_through_the_kernel() {

@@ -16,6 +16,8 @@ mod kv;
 mod model;
 mod moe;
 pub mod tier;
+
+pub use gpu::GROUP_ROWS;
 mod weights;
 
 /// A sequence (one slot's conversation) in the KV cache.

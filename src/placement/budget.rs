@@ -59,6 +59,39 @@ impl Sizing<'_> {
         self.ctx.n_ubatch as u64 * per_token * 4
     }
 
+    /// What the CUDA engine holds on a card that computes, beyond [`Sizing::scratch`]: its f16
+    /// weight pass and attention-score pass (both bounded, see `backend::cuda::ops`), the padded
+    /// rows of a pass of expert products, the expert outputs of a ubatch twice (the card's and
+    /// those sent back by the host), and its working copy of the token embeddings. Buffers grow
+    /// to an eighth above what they were asked for.
+    pub fn card_buffers(&self) -> u64 {
+        use crate::backend::cuda::ops::{ATTN_PASS_BYTES, W16_PASS_BYTES};
+        use crate::engine::GROUP_ROWS;
+        let inv = self.inv;
+        let (e, nf) = (inv.n_embd as u64, inv.n_ff_exp as u64);
+        let nub = self.ctx.n_ubatch as u64;
+        let moe = if inv.n_expert > 0 {
+            let rows = (GROUP_ROWS as u64).max(nub);
+            // f16 inputs (reused for the f16 activations), gate, up, outputs
+            rows * (2 * e.max(nf) + 8 * nf + 4 * e) + 2 * nub * inv.n_expert_used as u64 * e * 4
+        } else {
+            0
+        };
+        let grown = (W16_PASS_BYTES + ATTN_PASS_BYTES) as u64 + moe;
+        let embeddings = inv
+            .tensors
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+            .map_or(0, |t| t.bytes);
+        // a tied head is the embeddings themselves, counted with the output layer
+        let embeddings = if inv.tied_output_bytes > 0 {
+            0
+        } else {
+            embeddings
+        };
+        grown + grown / 8 + embeddings
+    }
+
     /// Bytes of `count` experts of layer `il` copied to a card: their share of each expert
     /// tensor, so all of them add up to the tensors exactly.
     pub fn expert_copy_bytes(&self, il: u32, count: usize) -> u64 {
@@ -84,6 +117,8 @@ mod tests {
             n_embd: 8,
             n_vocab: 100,
             n_ff_active: 16,
+            n_ff_exp: 0,
+            n_expert_used: 0,
         }
     }
 

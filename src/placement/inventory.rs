@@ -87,6 +87,10 @@ pub struct Inventory {
     /// The widest feed-forward activation of one token: the dense width, or the expert width times
     /// the experts used, whichever is larger.
     pub n_ff_active: u32,
+    /// One expert's feed-forward width, and the experts each token uses (0 for dense models):
+    /// they size the card's buffers for expert products.
+    pub n_ff_exp: u32,
+    pub n_expert_used: u32,
 }
 
 impl Inventory {
@@ -111,9 +115,10 @@ impl Inventory {
                 .find(|t| t.name == "token_embd.weight")
                 .map_or(0, |t| t.bytes)
         };
-        let (n_expert, n_ff_experts) = hp.moe.as_ref().map_or((0, 0), |m| {
-            (m.n_expert, m.n_ff_exp.unwrap_or(0) * m.n_expert_used)
+        let (n_expert, n_ff_exp, n_expert_used) = hp.moe.as_ref().map_or((0, 0, 0), |m| {
+            (m.n_expert, m.n_ff_exp.unwrap_or(0), m.n_expert_used)
         });
+        let n_ff_experts = n_ff_exp * n_expert_used;
         Inventory {
             tensors,
             n_layer: hp.n_layer,
@@ -124,6 +129,8 @@ impl Inventory {
             n_embd: hp.n_embd,
             n_vocab: hp.n_vocab,
             n_ff_active: hp.n_ff.iter().copied().max().unwrap_or(0).max(n_ff_experts),
+            n_ff_exp,
+            n_expert_used,
         }
     }
 

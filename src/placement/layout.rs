@@ -292,6 +292,9 @@ impl Layout {
         for at in computes {
             if let Some(pool) = pool_mut(&mut cards, &mut host, at) {
                 pool.scratch = sizing.scratch(at == output);
+                if matches!(at, Location::Card(_)) {
+                    pool.scratch += sizing.card_buffers();
+                }
             }
         }
         self.reserve_stream_rings(inv, &tensors, &mut cards);

@@ -23,7 +23,9 @@ mod plan;
 
 pub use fit::plan;
 pub use inventory::{Inventory, LayerKv, TensorEntry};
-pub use plan::{ExpertSet, Group, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan};
+pub use plan::{
+    ExpertSet, Group, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan, CARD_RUNTIME,
+};
 
 use crate::cli::PlacementIntent;
 

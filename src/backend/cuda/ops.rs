@@ -100,6 +100,12 @@ pub enum RowMove {
     GatherF16,
 }
 
+/// The most f16 weights one batched expert product dequantizes at once: experts beyond it go in
+/// further passes, which bounds the card memory a prompt pass needs whatever the expert count.
+pub const W16_PASS_BYTES: usize = 96 << 20;
+/// The most bytes of attention scores and probabilities one prompt attention pass holds.
+pub const ATTN_PASS_BYTES: usize = 96 << 20;
+
 /// Scratch buffers that grow to the largest request and are reused between operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buf {
@@ -244,7 +250,8 @@ impl Cuda {
         if self.scratch[i].bytes() < bytes {
             // free first: the card may not hold both
             self.scratch[i] = self.gpu.alloc(0)?;
-            self.scratch[i] = self.gpu.alloc(bytes.next_power_of_two())?;
+            // an eighth more than asked, so slowly growing requests do not reallocate each time
+            self.scratch[i] = self.gpu.alloc(bytes + bytes / 8)?;
         }
         Ok(self.scratch[i].ptr())
     }
@@ -307,29 +314,49 @@ impl Cuda {
                 .gpu
                 .gemm(&Gemm::weights(false, w.rows, n, w.k, base, x, y));
         }
-        let a = self.weights_f16(w, base, w.rows)?;
         let b = self.buf(Buf::X16, n * w.k * 2)?;
         self.to_f16(x, b, n * w.k)?;
-        self.gpu.gemm(&Gemm::weights(true, w.rows, n, w.k, a, b, y))
+        // f16 copies of at most W16_PASS_BYTES of rows at a time (a large vocabulary's head
+        // would otherwise need a copy of its own)
+        let per = (W16_PASS_BYTES / (w.k * 2)).max(1);
+        for r0 in (0..w.rows).step_by(per) {
+            let rows = per.min(w.rows - r0);
+            let a = self.weights_f16(w, base + (r0 * w.row_bytes) as u64, rows)?;
+            self.gpu.gemm(&Gemm {
+                ldc: w.rows,
+                ..Gemm::weights(true, rows, n, w.k, a, b, y + 4 * r0 as u64)
+            })?;
+        }
+        Ok(())
     }
 
-    /// Every expert of `w` at once on its own group of `m` f16 input rows: expert `e` reads rows
-    /// `[e m, (e + 1) m)` of `x16` and writes the same rows of `y` (f32, `w.rows` wide).
+    /// Experts `[e0, e0 + count)` of `w`, each on its own group of `m` f16 input rows: the
+    /// `j`th of them reads rows `[j m, (j + 1) m)` of `x16` and writes the same rows of `y` (f32,
+    /// `w.rows` wide). The experts are dequantized to f16 together, so callers keep `count` to
+    /// [`Cuda::experts_per_pass`].
     pub fn matmul_experts(
         &mut self,
         w: &DevMatrix,
+        e0: usize,
+        count: usize,
         x16: u64,
         m: usize,
         y: u64,
     ) -> Result<(), CudaError> {
-        let a = self.weights_f16(w, w.buf.ptr(), w.rows * w.n_expert)?;
+        let a = self.weights_f16(w, w.buf.at(e0 * w.expert_bytes()), w.rows * count)?;
         self.gpu.gemm(&Gemm {
             stride_a: w.rows * w.k,
             stride_b: m * w.k,
             stride_c: m * w.rows,
-            batch: w.n_expert,
+            batch: count,
             ..Gemm::weights(true, w.rows, m, w.k, a, x16, y)
         })
+    }
+
+    /// How many experts of `w` one [`Cuda::matmul_experts`] should take, so their f16 copy
+    /// stays within [`W16_PASS_BYTES`].
+    pub fn experts_per_pass(w: &DevMatrix) -> usize {
+        (W16_PASS_BYTES / (w.rows * w.k * 2).max(1)).max(1)
     }
 
     /// For each pair `p < pairs`: `y[p] = W_{ids[p]} x[p / x_div]` (mixture-of-experts decode).
@@ -583,12 +610,52 @@ impl Cuda {
         scale: f32,
         n_swa: u32,
     ) -> Result<(), CudaError> {
+        let gs = n_head / n_head_kv;
+        // queries in passes whose scores and probabilities (6 bytes per score) of one KV
+        // group's heads stay within ATTN_PASS_BYTES
+        let per = (ATTN_PASS_BYTES / (gs * (p0 + m) * 6)).clamp(1, m);
+        for i0 in (0..m).step_by(per) {
+            let mm = per.min(m - i0);
+            self.attention_pass(
+                q + 4 * (i0 * n_head * hk) as u64,
+                kc,
+                vc,
+                out + 4 * (i0 * n_head * hv) as u64,
+                base,
+                p0 + i0,
+                mm,
+                (n_head, n_head_kv),
+                (hk, hv),
+                scale,
+                n_swa,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`Cuda::attention_prompt`] for `m` queries whose scores fit one pass.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_pass(
+        &mut self,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        out: u64,
+        base: usize,
+        p0: usize,
+        m: usize,
+        (n_head, n_head_kv): (usize, usize),
+        (hk, hv): (usize, usize),
+        scale: f32,
+        n_swa: u32,
+    ) -> Result<(), CudaError> {
         let kv_len = p0 + m;
         let gs = n_head / n_head_kv;
         let (kstride, vstride) = (n_head_kv * hk, n_head_kv * hv);
         let q16 = self.buf(Buf::Q16, m * n_head * hk * 2)?;
-        let scores = self.buf(Buf::Scores, n_head * m * kv_len * 4)?;
-        let probs = self.buf(Buf::Probs, n_head * m * kv_len * 2)?;
+        // one KV group at a time, so the scores take a group's heads, not all of them
+        let scores = self.buf(Buf::Scores, gs * m * kv_len * 4)?;
+        let probs = self.buf(Buf::Probs, gs * m * kv_len * 2)?;
         self.to_f16(q, q16, m * n_head * hk)?;
         for g in 0..n_head_kv {
             let h0 = g * gs;
@@ -604,29 +671,26 @@ impl Cuda {
                 b: q16 + 2 * (h0 * hk) as u64,
                 ldb: n_head * hk,
                 stride_b: hk,
-                c: scores + 4 * (h0 * m * kv_len) as u64,
+                c: scores,
                 ldc: kv_len,
                 stride_c: m * kv_len,
                 batch: gs,
             })?;
-        }
-        self.gpu.launch(
-            &self.f.softmax_rows,
-            ((n_head * m) as u32, 1, 1),
-            256,
-            0,
-            &[
-                Arg::Ptr(scores),
-                Arg::Ptr(probs),
-                i32_of(kv_len),
-                i32_of(p0),
-                i32_of(m),
-                Arg::F32(scale),
-                Arg::I32(n_swa as i32),
-            ],
-        )?;
-        for g in 0..n_head_kv {
-            let h0 = g * gs;
+            self.gpu.launch(
+                &self.f.softmax_rows,
+                ((gs * m) as u32, 1, 1),
+                256,
+                0,
+                &[
+                    Arg::Ptr(scores),
+                    Arg::Ptr(probs),
+                    i32_of(kv_len),
+                    i32_of(p0),
+                    i32_of(m),
+                    Arg::F32(scale),
+                    Arg::I32(n_swa as i32),
+                ],
+            )?;
             self.gpu.gemm(&Gemm {
                 half: true,
                 trans_a: false,
@@ -636,7 +700,7 @@ impl Cuda {
                 a: vc + 2 * (base * vstride + g * hv) as u64,
                 lda: vstride,
                 stride_a: 0,
-                b: probs + 2 * (h0 * m * kv_len) as u64,
+                b: probs,
                 ldb: kv_len,
                 stride_b: m * kv_len,
                 c: out + 4 * (h0 * hv) as u64,
