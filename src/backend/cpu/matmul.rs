@@ -176,11 +176,48 @@ pub fn pair_dots(
     out: &mut [f32],
 ) {
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    let prefetch = prefetch_rows();
+    let row_of = |i: usize| {
+        let (block, t) = pairs[i / rows_per];
+        (block * rows_per + i % rows_per, t)
+    };
+    let end = i0 + out.len();
     for (j, o) in out.iter_mut().enumerate() {
-        let (block, t) = pairs[(i0 + j) / rows_per];
-        let r = block * rows_per + (i0 + j) % rows_per;
+        let (r, t) = row_of(i0 + j);
+        if prefetch > 0 && i0 + j + prefetch < end {
+            // each row is read once per step: ask for the one `prefetch` rows on now, so the
+            // memory system works ahead of the products (these rows come from host memory)
+            prefetch_row(w.row(row_of(i0 + j + prefetch).0));
+        }
         *o = dot(w.cols, w.row(r), act.row(t));
     }
+}
+
+/// How many rows ahead [`pair_dots`] prefetches (`BLOOMERY_PREFETCH_ROWS`, default 2; 0: off).
+fn prefetch_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("BLOOMERY_PREFETCH_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2)
+    })
+}
+
+#[inline]
+fn prefetch_row(row: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for at in (0..row.len()).step_by(64) {
+        // SAFETY: a prefetch of an address inside `row`; it reads nothing and cannot fault.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                row.as_ptr().add(at) as *const i8,
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
 }
 
 /// The single-threaded body, also used for products too small to be worth splitting.
