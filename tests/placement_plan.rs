@@ -472,16 +472,16 @@ fn fit_shrinks_an_unset_context() {
 #[test]
 fn card_budget_caps_a_card() {
     let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[80 * GIB]));
-    case.env = vec![("BLOOMERY_CARD_BUDGET", "CUDA0=2G")];
+    case.env = vec![("BLOOMERY_CARD_BUDGET", "CUDA0=3G")];
     let p = case.ok();
     let card = &p.cards[0];
-    assert_eq!(card.budget, Some(2 * GIB));
+    assert_eq!(card.budget, Some(3 * GIB));
     // the budget holds the CUDA runtime as well as the plan
-    let limit = 2 * GIB - CARD_RUNTIME;
+    let limit = 3 * GIB - CARD_RUNTIME;
     assert!(card.used() <= limit && card.used() > limit - 6 * MIB, "{p}");
     assert!(p.notes.iter().any(|n| n.contains("experts copied")), "{p}");
     let p2 = Case::new(
-        &["-c", "4096", "--card-budget", "CUDA0=2G"],
+        &["-c", "4096", "--card-budget", "CUDA0=3G"],
         model(8, 64),
         cards(&[80 * GIB]),
     )
@@ -492,13 +492,13 @@ fn card_budget_caps_a_card() {
         "the flag and the variable agree"
     );
     let e = Case::new(
-        &["-c", "4096", "-fit", "off", "--card-budget", "CUDA0=2G"],
+        &["-c", "4096", "-fit", "off", "--card-budget", "CUDA0=3G"],
         model(8, 64),
         cards(&[80 * GIB]),
     )
     .refused();
     assert!(
-        e.ends_with("and --card-budget allows 2.00 GiB (512.0 MiB of it for the CUDA runtime)"),
+        e.ends_with("and --card-budget allows 3.00 GiB (1.00 GiB of it for the CUDA runtime)"),
         "{e}"
     );
     let mut case = Case::new(&[], model(8, 0), cards(&[80 * GIB]));

@@ -849,7 +849,7 @@ mod tests {
         assert!(e.contains(" + expert ring 2 x 373.5 MiB = "), "{e}");
         assert!(
             e.ends_with(
-                "and BLOOMERY_CARD_BUDGET allows 2.00 GiB (512.0 MiB of it for the CUDA runtime)"
+                "and BLOOMERY_CARD_BUDGET allows 2.00 GiB (1.00 GiB of it for the CUDA runtime)"
             ),
             "{e}"
         );

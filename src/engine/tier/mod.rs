@@ -1,8 +1,9 @@
 //! The expert tier's policy, kept apart from any device so CI tests it: routing heat per expert
 //! (`heat`), which experts hold the card's expert slots and what to swap between steps
-//! (`residency`), and the pinned staging ring that streams host experts through the card during a
-//! prompt pass (`ring`). The engine drives these once it executes split plans (issue 10); they
-//! allocate nothing and copy nothing themselves.
+//! (`residency`), and the ring of card buffers that host experts stream through during a prompt
+//! pass (`ring`; the CUDA engine streams one layer's host experts per buffer). They allocate
+//! nothing and copy nothing themselves. Heat and residency are not driven by the engine yet: the
+//! card's expert copies are the plan's, fixed at load.
 
 pub mod heat;
 pub mod residency;
