@@ -1,12 +1,14 @@
 //! AVX-512 VNNI dot products for the k-quants decode leans on (Q4_K, Q5_K against Q8_K): one
 //! `vpdpbusd` multiplies 64 weight nibbles by 64 activation bytes and sums them in fours, where
-//! AVX2 needs a multiply-add pair and a second widening step. Integer sums equal the scalar
-//! reference's exactly; only the float accumulation order differs. Each function is `unsafe`
+//! AVX2 needs a multiply-add pair and a second widening step. The results equal the AVX2 kernels'
+//! bit for bit (the same eight integer lane sums per block, the same float steps), so a machine's
+//! tokens do not depend on which of the two it runs. Each function is `unsafe`
 //! only because the caller must have detected avx512f, avx512bw and avx512vnni;
 //! [`super::dot::kernel`] does that once.
 
 use std::arch::x86_64::*;
 
+use super::avx2::hsum;
 use super::quant::{Q8_K_BYTES, QK_K};
 use crate::model::quants::f16_to_f32;
 
@@ -40,7 +42,7 @@ pub fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
     let nb = n / QK_K;
     assert!(w.len() >= nb * wb && a.len() >= nb * Q8_K_BYTES);
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = _mm256_setzero_ps();
     let mut acc_m = 0.0f32;
     let low4 = _mm256_set1_epi8(0x0f);
     // lanes 0-7 of a chunk's product belong to its even sub-block, 8-15 to its odd one
@@ -93,10 +95,16 @@ unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
             let scale = _mm512_permutexvar_epi32(*p, scales);
             sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dots, scale));
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        // lanes i and 8 + i are the two halves of the AVX2 kernel's lane i: folded, the block's
+        // eight integer sums and everything after them equal that kernel's bit for bit
+        let s8 = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64(sumi, 1),
+        );
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc);
         acc_m += dmin * summ as f32;
     }
-    _mm512_reduce_add_ps(acc) - acc_m
+    hsum(acc) - acc_m
 }
 
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]

@@ -207,6 +207,31 @@ mod tests {
     }
 
     #[test]
+    fn avx512_kernels_equal_avx2_bit_for_bit() {
+        use GgmlType::*;
+        if detect() != Isa::Avx512Vnni {
+            println!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        }
+        let mut rng = Rng(0x51ed_2701_7a3c_9e11);
+        for ty in [Q4K, Q5K] {
+            for n in [256, 2048, 4096] {
+                let x: Vec<f32> = (0..n).map(|_| rng.f() * 3.0).collect();
+                let mut a = vec![0u8; act_row_bytes(vec_dot_type(ty), n)];
+                quantize_act(vec_dot_type(ty), &x, &mut a);
+                let w = random_weights(ty, n, &mut rng);
+                let avx2 = kernel_for(Isa::Avx2, ty).unwrap()(n, &w, &a);
+                let avx512 = kernel_for(Isa::Avx512Vnni, ty).unwrap()(n, &w, &a);
+                assert_eq!(
+                    avx2.to_bits(),
+                    avx512.to_bits(),
+                    "{ty} n={n}: {avx2} {avx512}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn simd_kernels_agree_with_scalar() {
         use GgmlType::*;
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
