@@ -13,4 +13,4 @@ bloomery-serve is starting with $(basename "$model") on http://127.0.0.1:8080 un
   curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"messages":[{"role":"user","content":"Write a haiku about iron."}],"max_tokens":64}'
 MSG
-exec target/release/bloomery-serve -m "$model" "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/bloomery-serve" -m "$model" "$@"
