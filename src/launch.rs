@@ -893,28 +893,23 @@ mod tests {
         assert!(host_memory().is_ok(), "this host has {MEMINFO}");
     }
 
-    /// Two layers of 256 MiB, a 64 MiB output, 32 MiB embeddings; 1 KiB of f16 KV per token
-    /// and layer.
-    fn inventory() -> Inventory {
-        use crate::placement::{LayerKv, TensorEntry};
-        const MIB: u64 = 1 << 20;
-        let tensors = vec![
-            TensorEntry::new("token_embd.weight", 32 * MIB),
-            TensorEntry::new("output.weight", 64 * MIB),
-            TensorEntry::new("blk.0.attn_q.weight", 256 * MIB),
-            TensorEntry::new("blk.1.attn_q.weight", 256 * MIB),
-        ];
-        let kv = LayerKv {
+    /// `n_layer` layers holding `tensors`, 1 KiB of f16 KV per token and layer.
+    fn test_inventory(
+        tensors: Vec<crate::placement::TensorEntry>,
+        n_layer: u32,
+        n_expert: u32,
+    ) -> Inventory {
+        let kv = crate::placement::LayerKv {
             k: 256,
             v: 256,
             window: None,
         };
         Inventory {
             tensors,
-            n_layer: 2,
-            n_expert: 0,
+            n_layer,
+            n_expert,
             n_ctx_train: 8192,
-            kv: vec![kv; 2],
+            kv: vec![kv; n_layer as usize],
             tied_output_bytes: 0,
             n_embd: 64,
             n_vocab: 1000,
@@ -922,6 +917,19 @@ mod tests {
             n_ff_exp: 0,
             n_expert_used: 0,
         }
+    }
+
+    /// Two layers of 256 MiB, a 64 MiB output, 32 MiB embeddings.
+    fn inventory() -> Inventory {
+        use crate::placement::TensorEntry;
+        const MIB: u64 = 1 << 20;
+        let tensors = vec![
+            TensorEntry::new("token_embd.weight", 32 * MIB),
+            TensorEntry::new("output.weight", 64 * MIB),
+            TensorEntry::new("blk.0.attn_q.weight", 256 * MIB),
+            TensorEntry::new("blk.1.attn_q.weight", 256 * MIB),
+        ];
+        test_inventory(tensors, 2, 0)
     }
 
     fn card(free_mib: usize) -> cuda::DeviceInfo {
@@ -1016,7 +1024,7 @@ mod tests {
 
     /// Four MoE layers of 64 MiB attention and 3 x 64 MiB of experts (8 experts), 64 MiB output.
     fn moe_inventory() -> Inventory {
-        use crate::placement::{LayerKv, TensorEntry};
+        use crate::placement::TensorEntry;
         const MIB: u64 = 1 << 20;
         let mut tensors = vec![
             TensorEntry::new("token_embd.weight", 32 * MIB),
@@ -1034,24 +1042,7 @@ mod tests {
                 ));
             }
         }
-        let kv = LayerKv {
-            k: 256,
-            v: 256,
-            window: None,
-        };
-        Inventory {
-            tensors,
-            n_layer: 4,
-            n_expert: 8,
-            n_ctx_train: 8192,
-            kv: vec![kv; 4],
-            tied_output_bytes: 0,
-            n_embd: 64,
-            n_vocab: 1000,
-            n_ff_active: 256,
-            n_ff_exp: 0,
-            n_expert_used: 0,
-        }
+        test_inventory(tensors, 4, 8)
     }
 
     #[test]

@@ -228,28 +228,18 @@ pub fn moe_ffn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::quants::f32_to_f16;
+    use crate::backend::cpu::matmul::q8_0_test_rows;
     use crate::model::GgmlType;
-
-    /// `rows` rows of `cols` Q8_0 values, varied by `seed`.
-    fn q8(rows: usize, cols: usize, seed: usize) -> Vec<u8> {
-        let mut d = Vec::new();
-        for r in 0..rows {
-            for b in 0..cols / 32 {
-                d.extend_from_slice(
-                    &f32_to_f16(0.003 * ((r + b + seed) % 7 + 1) as f32).to_le_bytes(),
-                );
-                d.extend((0..32).map(|i| ((i * 37 + r * 11 + seed * 5) % 253) as u8));
-            }
-        }
-        d
-    }
 
     #[test]
     fn expert_pairs_equal_one_product_per_expert() {
         let pool = ThreadPool::new(2);
         let (ne, nf, e, n) = (4, 64, 96, 3);
-        let (gd, ud, dd) = (q8(ne * nf, e, 1), q8(ne * nf, e, 2), q8(ne * e, nf, 3));
+        let (gd, ud, dd) = (
+            q8_0_test_rows(ne * nf, e, 1),
+            q8_0_test_rows(ne * nf, e, 2),
+            q8_0_test_rows(ne * e, nf, 3),
+        );
         let (g, u, d) = (
             QMat {
                 ty: GgmlType::Q8_0,

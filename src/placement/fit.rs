@@ -561,19 +561,20 @@ mod tests {
         }
     }
 
+    /// A device with `bytes` free of `bytes`.
+    fn device(name: &str, bytes: u64) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            free_bytes: bytes,
+            total_bytes: bytes,
+        }
+    }
+
     fn fitted(kv_unified: bool, card: u64) -> Plan {
         let intent = PlacementIntent::default();
         let inv = inventory();
-        let devices = [DeviceInfo {
-            name: "CUDA0".into(),
-            free_bytes: card,
-            total_bytes: card,
-        }];
-        let host = DeviceInfo {
-            name: "host".into(),
-            free_bytes: 1 << 40,
-            total_bytes: 1 << 40,
-        };
+        let devices = [device("CUDA0", card)];
+        let host = device("host", 1 << 40);
         let req = PlanRequest {
             intent: &intent,
             inventory: &inv,
@@ -699,16 +700,8 @@ mod tests {
         };
         let parsed =
             crate::cli::parse(&argv, &lookup).unwrap_or_else(|e| panic!("{args:?}: {}", e.message));
-        let devices = [DeviceInfo {
-            name: "CUDA0".into(),
-            free_bytes: card,
-            total_bytes: card,
-        }];
-        let host = DeviceInfo {
-            name: "host".into(),
-            free_bytes: 256 * GIB,
-            total_bytes: 256 * GIB,
-        };
+        let devices = [device("CUDA0", card)];
+        let host = device("host", 256 * GIB);
         plan(&PlanRequest {
             intent: &parsed.placement,
             inventory: inv,

@@ -251,22 +251,29 @@ unsafe fn tile_loop(
     }
 }
 
+/// `rows` rows of `cols` Q8_0 weights with small varied scales, for tests (`seed` varies them).
+#[cfg(test)]
+pub(crate) fn q8_0_test_rows(rows: usize, cols: usize, seed: usize) -> Vec<u8> {
+    let mut data = Vec::new();
+    for r in 0..rows {
+        for b in 0..cols / 32 {
+            let scale = 0.003 * ((r + b + seed) % 7 + 1) as f32;
+            data.extend_from_slice(&crate::model::quants::f32_to_f16(scale).to_le_bytes());
+            data.extend((0..32).map(|i| ((i * 37 + r * 11 + seed * 5) % 253) as u8));
+        }
+    }
+    data
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::quants::f32_to_f16;
 
     #[test]
     fn matmul_matches_row_by_row_dots() {
         let pool = ThreadPool::new(2);
         let (rows, cols, n) = (37, 64, 5);
-        let mut data = Vec::new();
-        for r in 0..rows {
-            for b in 0..cols / 32 {
-                data.extend_from_slice(&f32_to_f16(0.01 * (r + b) as f32).to_le_bytes());
-                data.extend((0..32).map(|i| ((i * 7 + r) % 255) as u8));
-            }
-        }
+        let data = q8_0_test_rows(rows, cols, 0);
         let w = QMat {
             ty: GgmlType::Q8_0,
             rows,
@@ -292,13 +299,7 @@ mod tests {
         let pool = ThreadPool::new(2);
         let (blocks, rows_per, cols, n) = (4, 8, 64, 3);
         let rows = blocks * rows_per;
-        let mut data = Vec::new();
-        for r in 0..rows {
-            for b in 0..cols / 32 {
-                data.extend_from_slice(&f32_to_f16(0.02 * (r + 2 * b) as f32).to_le_bytes());
-                data.extend((0..32).map(|i| ((i * 5 + 3 * r) % 251) as u8));
-            }
-        }
+        let data = q8_0_test_rows(rows, cols, 1);
         let w = QMat {
             ty: GgmlType::Q8_0,
             rows,

@@ -593,8 +593,9 @@ impl Cuda {
     }
 
     /// Attention of `m` consecutive query tokens of one sequence (positions `p0..p0 + m`, its
-    /// cache rows starting at cell `base`) through cuBLAS: scores for all heads of each KV
-    /// group in one batched product, a masked softmax, then the weighted values the same way.
+    /// cache rows starting at cell `base`) through cuBLAS: per KV group, the scores of its heads
+    /// in one batched product, a masked softmax, then the weighted values the same way; queries
+    /// in passes small enough that a group's scores stay within [`ATTN_PASS_BYTES`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_prompt(
         &mut self,
@@ -611,103 +612,75 @@ impl Cuda {
         n_swa: u32,
     ) -> Result<(), CudaError> {
         let gs = n_head / n_head_kv;
+        let (kstride, vstride) = (n_head_kv * hk, n_head_kv * hv);
         // queries in passes whose scores and probabilities (6 bytes per score) of one KV
         // group's heads stay within ATTN_PASS_BYTES
         let per = (ATTN_PASS_BYTES / (gs * (p0 + m) * 6)).clamp(1, m);
         for i0 in (0..m).step_by(per) {
-            let mm = per.min(m - i0);
-            self.attention_pass(
+            let (q, out, p0, m) = (
                 q + 4 * (i0 * n_head * hk) as u64,
-                kc,
-                vc,
                 out + 4 * (i0 * n_head * hv) as u64,
-                base,
                 p0 + i0,
-                mm,
-                (n_head, n_head_kv),
-                (hk, hv),
-                scale,
-                n_swa,
-            )?;
-        }
-        Ok(())
-    }
-
-    /// [`Cuda::attention_prompt`] for `m` queries whose scores fit one pass.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_pass(
-        &mut self,
-        q: u64,
-        kc: u64,
-        vc: u64,
-        out: u64,
-        base: usize,
-        p0: usize,
-        m: usize,
-        (n_head, n_head_kv): (usize, usize),
-        (hk, hv): (usize, usize),
-        scale: f32,
-        n_swa: u32,
-    ) -> Result<(), CudaError> {
-        let kv_len = p0 + m;
-        let gs = n_head / n_head_kv;
-        let (kstride, vstride) = (n_head_kv * hk, n_head_kv * hv);
-        let q16 = self.buf(Buf::Q16, m * n_head * hk * 2)?;
-        // one KV group at a time, so the scores take a group's heads, not all of them
-        let scores = self.buf(Buf::Scores, gs * m * kv_len * 4)?;
-        let probs = self.buf(Buf::Probs, gs * m * kv_len * 2)?;
-        self.to_f16(q, q16, m * n_head * hk)?;
-        for g in 0..n_head_kv {
-            let h0 = g * gs;
-            self.gpu.gemm(&Gemm {
-                half: true,
-                trans_a: true,
-                m: kv_len,
-                n: m,
-                k: hk,
-                a: kc + 2 * (base * kstride + g * hk) as u64,
-                lda: kstride,
-                stride_a: 0,
-                b: q16 + 2 * (h0 * hk) as u64,
-                ldb: n_head * hk,
-                stride_b: hk,
-                c: scores,
-                ldc: kv_len,
-                stride_c: m * kv_len,
-                batch: gs,
-            })?;
-            self.gpu.launch(
-                &self.f.softmax_rows,
-                ((gs * m) as u32, 1, 1),
-                256,
-                0,
-                &[
-                    Arg::Ptr(scores),
-                    Arg::Ptr(probs),
-                    i32_of(kv_len),
-                    i32_of(p0),
-                    i32_of(m),
-                    Arg::F32(scale),
-                    Arg::I32(n_swa as i32),
-                ],
-            )?;
-            self.gpu.gemm(&Gemm {
-                half: true,
-                trans_a: false,
-                m: hv,
-                n: m,
-                k: kv_len,
-                a: vc + 2 * (base * vstride + g * hv) as u64,
-                lda: vstride,
-                stride_a: 0,
-                b: probs,
-                ldb: kv_len,
-                stride_b: m * kv_len,
-                c: out + 4 * (h0 * hv) as u64,
-                ldc: n_head * hv,
-                stride_c: hv,
-                batch: gs,
-            })?;
+                per.min(m - i0),
+            );
+            let kv_len = p0 + m;
+            let q16 = self.buf(Buf::Q16, m * n_head * hk * 2)?;
+            // one KV group at a time, so the scores take a group's heads, not all of them
+            let scores = self.buf(Buf::Scores, gs * m * kv_len * 4)?;
+            let probs = self.buf(Buf::Probs, gs * m * kv_len * 2)?;
+            self.to_f16(q, q16, m * n_head * hk)?;
+            for g in 0..n_head_kv {
+                let h0 = g * gs;
+                self.gpu.gemm(&Gemm {
+                    half: true,
+                    trans_a: true,
+                    m: kv_len,
+                    n: m,
+                    k: hk,
+                    a: kc + 2 * (base * kstride + g * hk) as u64,
+                    lda: kstride,
+                    stride_a: 0,
+                    b: q16 + 2 * (h0 * hk) as u64,
+                    ldb: n_head * hk,
+                    stride_b: hk,
+                    c: scores,
+                    ldc: kv_len,
+                    stride_c: m * kv_len,
+                    batch: gs,
+                })?;
+                self.gpu.launch(
+                    &self.f.softmax_rows,
+                    ((gs * m) as u32, 1, 1),
+                    256,
+                    0,
+                    &[
+                        Arg::Ptr(scores),
+                        Arg::Ptr(probs),
+                        i32_of(kv_len),
+                        i32_of(p0),
+                        i32_of(m),
+                        Arg::F32(scale),
+                        Arg::I32(n_swa as i32),
+                    ],
+                )?;
+                self.gpu.gemm(&Gemm {
+                    half: true,
+                    trans_a: false,
+                    m: hv,
+                    n: m,
+                    k: kv_len,
+                    a: vc + 2 * (base * vstride + g * hv) as u64,
+                    lda: vstride,
+                    stride_a: 0,
+                    b: probs,
+                    ldb: kv_len,
+                    stride_b: m * kv_len,
+                    c: out + 4 * (h0 * hv) as u64,
+                    ldc: n_head * hv,
+                    stride_c: hv,
+                    batch: gs,
+                })?;
+            }
         }
         Ok(())
     }
