@@ -10,7 +10,7 @@ use super::SeqId;
 use crate::backend::cpu::dot::kernel;
 use crate::backend::cpu::pool::{split_range, SyncPtr, ThreadPool};
 use crate::backend::cpu::quant::{act_row_bytes, quantize_act};
-use crate::backend::cpu::vec::{mad_f16, scale_f16};
+use crate::backend::cpu::vec::{f16_to_f32_slice, mad_f16, scale_f16};
 use crate::model::quants::{dequantize, f16_to_f32, vec_dot_type};
 use crate::model::GgmlType;
 
@@ -48,6 +48,22 @@ pub fn attend(
     out: &mut [f32],
 ) {
     let n_items = seqs.len() * shape.n_head;
+    // the tiled (f32) path reads every cached row once per query head: convert each sequence's
+    // rows of this layer to f32 once per step instead (the same values: conversion is exact)
+    let mut f32_rows: Vec<(SeqId, Vec<f32>, Vec<f32>)> = Vec::new();
+    if shape.mode == AttnMode::Exact {
+        for &s in seqs {
+            if f32_rows.iter().any(|r| r.0 == s) {
+                continue;
+            }
+            if let Some(cells) = kv.seq(s) {
+                let n = cells.pos.len();
+                let kr = &cells.k[il][..n * kv.k_row];
+                let vr = &cells.v[il][..n * kv.v_row];
+                f32_rows.push((s, to_f32(kv.type_k, kr), to_f32(kv.type_v, vr)));
+            }
+        }
+    }
     let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
         let (a, b) = split_range(n_items, ith, nth, 1);
@@ -62,29 +78,59 @@ pub fn attend(
                     shape.head_dim_v,
                 )
             };
-            one_head(kv, il, shape, seqs[i], pos[i], h, hq, dst, &mut scratch);
+            let rows = f32_rows
+                .iter()
+                .find(|r| r.0 == seqs[i])
+                .map(|r| (&r.1[..], &r.2[..]));
+            one_head(
+                kv,
+                il,
+                shape,
+                (seqs[i], pos[i], h),
+                hq,
+                rows,
+                dst,
+                &mut scratch,
+            );
         }
     });
+}
+
+/// A cache buffer of `ty` values as floats.
+fn to_f32(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
+    let mut out = vec![0.0f32; bytes.len() / ty.type_size() * ty.block_size()];
+    if ty == GgmlType::F16 {
+        f16_to_f32_slice(bytes, &mut out);
+    } else {
+        dequantize(ty, bytes, &mut out).expect("cache types are checked at load");
+    }
+    out
+}
+
+/// `v` as the little-endian bytes the f32 dot kernel reads.
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 initialized bytes, and u8 has no alignment to keep (this target is
+    // little-endian, as the kernels' byte reads assume).
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) }
 }
 
 #[derive(Default)]
 struct Scratch {
     q_conv: Vec<u8>,
-    k32: Vec<f32>,
-    v32: Vec<f32>,
     acc16: Vec<u16>,
     acc32: Vec<f32>,
 }
 
+/// Query head `h` of the token at position `p` of `seq`; `rows` are the sequence's K and V rows
+/// of this layer as floats (the tiled path only).
 #[allow(clippy::too_many_arguments)]
 fn one_head(
     kv: &KvCache,
     il: usize,
     shape: &AttnShape,
-    seq: SeqId,
-    p: u32,
-    h: usize,
+    (seq, p, h): (SeqId, u32, usize),
     hq: &[f32],
+    rows: Option<(&[f32], &[f32])>,
     dst: &mut [f32],
     sc: &mut Scratch,
 ) {
@@ -114,24 +160,24 @@ fn one_head(
     } else {
         sc.acc32.clear();
         sc.acc32.resize(dv, 0.0);
-        sc.v32.resize(dv, 0.0);
     }
-    let mut k_f32_bytes = Vec::new();
+    // floats per cell of all KV heads
+    let (kf, vf) = (shape.n_head_kv * dk, shape.n_head_kv * dv);
+    let mut v32 = vec![0.0f32; if rows.is_some() { 0 } else { dv }];
     let mut sum = 0.0f32;
     let mut max = f32::NEG_INFINITY;
     for (c, &cp) in cells.pos.iter().enumerate() {
         if cp > p || (shape.n_swa > 0 && p - cp >= shape.n_swa) {
             continue;
         }
-        let krow = &k_rows[c * kv.k_row + kvh * kb..c * kv.k_row + (kvh + 1) * kb];
-        let s = match shape.mode {
-            AttnMode::HalfAccum => kdot(dk, krow, &sc.q_conv),
-            AttnMode::Exact => {
-                sc.k32.resize(dk, 0.0);
-                dequantize(kv.type_k, krow, &mut sc.k32).expect("cache types are checked at load");
-                k_f32_bytes.clear();
-                k_f32_bytes.extend(sc.k32.iter().flat_map(|v| v.to_le_bytes()));
-                kdot(dk, &k_f32_bytes, &sc.q_conv)
+        let s = match rows {
+            Some((k32, _)) => {
+                let at = c * kf + kvh * dk;
+                kdot(dk, f32_bytes(&k32[at..at + dk]), &sc.q_conv)
+            }
+            None => {
+                let krow = &k_rows[c * kv.k_row + kvh * kb..c * kv.k_row + (kvh + 1) * kb];
+                kdot(dk, krow, &sc.q_conv)
             }
         } * shape.scale;
         let vrow = &v_rows[c * kv.v_row + kvh * vb..c * kv.v_row + (kvh + 1) * vb];
@@ -151,11 +197,14 @@ fn one_head(
         if half_v {
             mad_f16(&mut sc.acc16, vrow, vs);
         } else {
-            dequantize(kv.type_v, vrow, &mut sc.v32).expect("cache types are checked at load");
-            sc.acc32
-                .iter_mut()
-                .zip(&sc.v32)
-                .for_each(|(a, v)| *a += v * vs);
+            let v = match rows {
+                Some((_, v32)) => &v32[c * vf + kvh * dv..c * vf + (kvh + 1) * dv],
+                None => {
+                    dequantize(kv.type_v, vrow, &mut v32).expect("cache types are checked at load");
+                    &v32[..]
+                }
+            };
+            sc.acc32.iter_mut().zip(v).for_each(|(a, v)| *a += v * vs);
         }
         sum = sum * ms + vs;
     }

@@ -86,54 +86,93 @@ unsafe fn q8_0_family(
     hsum(acc)
 }
 
+/// [`q8_0_family`] of one weight row against four activation rows, each weight block decoded
+/// once for the four; each result equals the one-row product bit for bit (the same operations
+/// per row, in the same order).
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q8_0_family(n, w, 34, a, |b| load(b, 2), |b| rd_f16(b, 0))
+unsafe fn q8_0_family4(
+    n: usize,
+    w: &[u8],
+    wb: usize,
+    a: [&[u8]; 4],
+    qs: impl Fn(&[u8]) -> __m256i,
+    dw: impl Fn(&[u8]) -> f32,
+) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, bw) in w.chunks_exact(wb).take(n / QK8_0).enumerate() {
+        let x = qs(bw);
+        let ax = _mm256_sign_epi8(x, x);
+        let d = dw(bw);
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let ba = &a[i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
+            let sy = _mm256_sign_epi8(load(ba, 2), x);
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+            let dd = _mm256_set1_ps(d * rd_f16(ba, 0));
+            *acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), *acc);
+        }
+    }
+    [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q8_0_family(
-        n,
-        w,
-        18,
-        a,
-        |b| _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8)),
-        |b| rd_f16(b, 0),
-    )
+unsafe fn q8_0_qs(b: &[u8]) -> __m256i {
+    load(b, 2)
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q8_0_family(
-        n,
-        w,
-        22,
-        a,
-        |b| {
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-            _mm256_sub_epi8(_mm256_or_si256(nibbles(b, 6), hi), _mm256_set1_epi8(16))
-        },
-        |b| rd_f16(b, 0),
-    )
+unsafe fn q4_0_qs(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+unsafe fn q5_0_qs(b: &[u8]) -> __m256i {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+    _mm256_sub_epi8(_mm256_or_si256(nibbles(b, 6), hi), _mm256_set1_epi8(16))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
     let table = _mm256_setr_epi8(
         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
         -2, -3, -4, -6, -8, -12,
     );
-    q8_0_family(
-        n,
-        w,
-        17,
-        a,
-        |b| _mm256_shuffle_epi8(table, nibbles(b, 1)),
-        |b| e8m0_half(b[0]),
-    )
+    _mm256_shuffle_epi8(table, nibbles(b, 1))
 }
+
+fn f16_scale(b: &[u8]) -> f32 {
+    rd_f16(b, 0)
+}
+
+fn e8m0_scale(b: &[u8]) -> f32 {
+    e8m0_half(b[0])
+}
+
+/// One of the Q8_0-activation weight types: block bytes, quant decoder and scale reader, for
+/// the one-row and four-row products alike.
+macro_rules! q8_0_kernels {
+    ($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident) => {
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            q8_0_family(n, w, $wb, a, |b| $qs(b), $dw)
+        }
+
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            q8_0_family4(n, w, $wb, a, |b| $qs(b), $dw)
+        }
+    };
+}
+
+q8_0_kernels!(q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scale);
+q8_0_kernels!(q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scale);
+q8_0_kernels!(q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scale);
+q8_0_kernels!(mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scale);
 
 #[inline(always)]
 fn bsums(a: &[u8]) -> [i32; 16] {
@@ -285,6 +324,21 @@ pub unsafe fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         sum += rd_f16(w, 2 * j) * rd_f16(a, 2 * j);
     }
     sum
+}
+
+/// Little-endian halves to floats, eight at a time with F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_to_f32_slice(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        i += 8;
+    }
+    for j in i..n {
+        dst[j] = f16_to_f32(u16::from_le_bytes([src[2 * j], src[2 * j + 1]]));
+    }
 }
 
 #[target_feature(enable = "avx2,fma")]

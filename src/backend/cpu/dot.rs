@@ -11,6 +11,10 @@ use crate::model::GgmlType;
 /// `n` elements of a weight row against activations in the weight type's `vec_dot_type`.
 pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 
+/// One weight row against four activation rows; each result equals the [`DotFn`] of the same
+/// type on that row bit for bit.
+pub type DotFn4 = fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
@@ -86,6 +90,33 @@ fn kernel_for(isa: Isa, w: GgmlType) -> Option<DotFn> {
         Isa::Avx2 => simd_kernel(w).or_else(|| scalar_kernel(w)),
         Isa::Avx512Vnni => vnni_kernel(w).or_else(|| kernel_for(Isa::Avx2, w)),
     }
+}
+
+/// The four-row kernel for weights of type `w`, where this CPU's one-row kernel has one.
+pub fn kernel4(w: GgmlType) -> Option<DotFn4> {
+    match isa() {
+        Isa::Scalar => None,
+        Isa::Avx2 | Isa::Avx512Vnni => simd_kernel4(w),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_kernel4(w: GgmlType) -> Option<DotFn4> {
+    use super::avx2;
+    use GgmlType::*;
+    // SAFETY (all): only reached when `isa()` detected avx2, fma and f16c.
+    Some(match w {
+        Q4_0 => |n, w, a| unsafe { avx2::q4_0_q8_0_x4(n, w, a) },
+        Q5_0 => |n, w, a| unsafe { avx2::q5_0_q8_0_x4(n, w, a) },
+        Q8_0 => |n, w, a| unsafe { avx2::q8_0_q8_0_x4(n, w, a) },
+        Mxfp4 => |n, w, a| unsafe { avx2::mxfp4_q8_0_x4(n, w, a) },
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_kernel4(_w: GgmlType) -> Option<DotFn4> {
+    None
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -227,6 +258,33 @@ mod tests {
                     avx512.to_bits(),
                     "{ty} n={n}: {avx2} {avx512}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn four_row_kernels_equal_one_row_kernels_bit_for_bit() {
+        use GgmlType::*;
+        let mut rng = Rng(0x0dd_ba11_cafe);
+        for ty in [Q4_0, Q5_0, Q8_0, Mxfp4] {
+            let Some(four) = kernel4(ty) else {
+                println!("skipped {ty}: no four-row kernel on this CPU");
+                continue;
+            };
+            let one = kernel(ty).unwrap();
+            let n = 1024;
+            let w = random_weights(ty, n, &mut rng);
+            let acts: Vec<Vec<u8>> = (0..4)
+                .map(|_| {
+                    let x: Vec<f32> = (0..n).map(|_| rng.f() * 2.0).collect();
+                    let mut a = vec![0u8; act_row_bytes(vec_dot_type(ty), n)];
+                    quantize_act(vec_dot_type(ty), &x, &mut a);
+                    a
+                })
+                .collect();
+            let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            for (j, a) in acts.iter().enumerate() {
+                assert_eq!(got[j].to_bits(), one(n, &w, a).to_bits(), "{ty} row {j}");
             }
         }
     }

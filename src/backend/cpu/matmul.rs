@@ -3,7 +3,7 @@
 //! the weight type's `vec_dot_type`; threads split the weight rows, and each thread walks a small
 //! tile of rows across every token so the weights are read from memory once per batch.
 
-use super::dot::{kernel, DotFn};
+use super::dot::{kernel, kernel4, DotFn, DotFn4};
 use super::pool::{split_range, SyncPtr, ThreadPool};
 use super::quant::{act_row_bytes, quantize_act};
 use crate::model::quants::vec_dot_type;
@@ -123,11 +123,12 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     assert_eq!(act.cols, w.cols, "activation width");
     assert!(out.len() >= act.n * w.rows, "output holds n x rows");
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    let dot4 = kernel4(w.ty);
     let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
         let (r0, r1) = split_range(w.rows, ith, nth, ROW_TILE);
         // SAFETY: this thread writes only columns [r0, r1) of every output row.
-        unsafe { tile_loop(dot, w, act, r0, r1, out) };
+        unsafe { tile_loop((dot, dot4), w, act, r0, r1, out) };
     });
 }
 
@@ -223,9 +224,11 @@ fn prefetch_row(row: &[u8]) {
     let _ = row;
 }
 
-/// The single-threaded body, also used for products too small to be worth splitting.
+/// The single-threaded body, also used for products too small to be worth splitting. Tokens go
+/// four at a time through the four-row kernel where the type has one (each weight block decoded
+/// once for the four), the rest one at a time; both give the same bits.
 unsafe fn tile_loop(
-    dot: DotFn,
+    (dot, dot4): (DotFn, Option<DotFn4>),
     w: &QMat,
     act: &Activations,
     r0: usize,
@@ -241,7 +244,17 @@ unsafe fn tile_loop(
             let te = (tb + TOKEN_TILE).min(n);
             for r in rb..re {
                 let wr = w.row(r);
-                for t in tb..te {
+                let mut t = tb;
+                if let Some(dot4) = dot4 {
+                    while t + 4 <= te {
+                        let rows = [act.row(t), act.row(t + 1), act.row(t + 2), act.row(t + 3)];
+                        for (k, v) in dot4(w.cols, wr, rows).into_iter().enumerate() {
+                            *out.get().add((t + k) * w.rows + r) = v;
+                        }
+                        t += 4;
+                    }
+                }
+                for t in t..te {
                     *out.get().add(t * w.rows + r) = dot(w.cols, wr, act.row(t));
                 }
             }

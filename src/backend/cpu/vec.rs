@@ -22,7 +22,7 @@ pub fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
     match isa() {
         // SAFETY: the features were detected.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { super::avx2::mad_f16(y, x, v) },
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { super::avx2::mad_f16(y, x, v) },
         _ => mad_f16_scalar(y, x, v),
     }
 }
@@ -32,8 +32,22 @@ pub fn scale_f16(y: &mut [u16], v: f32) {
     match isa() {
         // SAFETY: the features were detected.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { super::avx2::scale_f16(y, v) },
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { super::avx2::scale_f16(y, v) },
         _ => scale_f16_scalar(y, v),
+    }
+}
+
+/// Little-endian halves to floats (exact either way).
+pub fn f16_to_f32_slice(src: &[u8], dst: &mut [f32]) {
+    match isa() {
+        // SAFETY: the features were detected.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { super::avx2::f16_to_f32_slice(src, dst) },
+        _ => {
+            for (y, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *y = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
     }
 }
 
@@ -56,5 +70,13 @@ mod tests {
         scale_f16(&mut a, 0.7);
         scale_f16_scalar(&mut b, 0.7);
         assert_eq!(a, b);
+        let mut fast = vec![0.0f32; 37];
+        f16_to_f32_slice(&x, &mut fast);
+        for (f, h) in fast.iter().zip(x.chunks_exact(2)) {
+            assert_eq!(
+                f.to_bits(),
+                f16_to_f32(u16::from_le_bytes([h[0], h[1]])).to_bits()
+            );
+        }
     }
 }
