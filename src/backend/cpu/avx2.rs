@@ -7,13 +7,17 @@ use std::arch::x86_64::*;
 use super::quant::{e8m0_half, scale_min_k4, Q8_0_BYTES, Q8_K_BYTES, QK8_0, QK_K};
 use crate::model::quants::f16_to_f32;
 
-#[inline(always)]
-fn rd_f16(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+/// The half at byte `at`, converted by F16C (exact, as `f16_to_f32`; the software conversion
+/// was most of a Q8_0 block's cost).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rd_f16(b: &[u8], at: usize) -> f32 {
+    let h = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -21,17 +25,8 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Signed bytes `x` times signed bytes `y`, summed in pairs then quads: 8 i32 lanes.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256i {
-    let ax = _mm256_sign_epi8(x, x);
-    let sy = _mm256_sign_epi8(y, x);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load(b: &[u8], at: usize) -> __m256i {
     debug_assert!(at + 32 <= b.len());
     _mm256_loadu_si256(b.as_ptr().add(at) as *const __m256i)
@@ -39,7 +34,7 @@ unsafe fn load(b: &[u8], at: usize) -> __m256i {
 
 /// 16 packed nibbles -> 32 bytes: low nibbles first, then high nibbles.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles(b: &[u8], at: usize) -> __m256i {
     debug_assert!(at + 16 <= b.len());
     let q = _mm_loadu_si128(b.as_ptr().add(at) as *const __m128i);
@@ -49,7 +44,7 @@ unsafe fn nibbles(b: &[u8], at: usize) -> __m256i {
 
 /// 32 bits -> 32 bytes, 0xff where the bit is set.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn bits_to_bytes(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     let shuf = _mm256_set_epi64x(
@@ -63,15 +58,19 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1))
 }
 
+/// The Q8_0-family product: `qs` decodes a weight block's 32 signed values, `dw` its scale, and
+/// `mul` sums the products of unsigned magnitudes and sign-carrying activations in fours into
+/// eight i32 lanes ([`madd_u8_i8`] here; `vpdpbusd` gives the same lanes on VNNI machines).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_family(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_family(
     n: usize,
     w: &[u8],
     wb: usize,
     a: &[u8],
     qs: impl Fn(&[u8]) -> __m256i,
     dw: impl Fn(&[u8]) -> f32,
+    mul: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bw, ba) in w
@@ -80,7 +79,8 @@ unsafe fn q8_0_family(
         .take(n / QK8_0)
     {
         let d = _mm256_set1_ps(dw(bw) * rd_f16(ba, 0));
-        let p = mul_sum_i8(qs(bw), load(ba, 2));
+        let x = qs(bw);
+        let p = mul(_mm256_sign_epi8(x, x), _mm256_sign_epi8(load(ba, 2), x));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
     }
     hsum(acc)
@@ -90,14 +90,15 @@ unsafe fn q8_0_family(
 /// once for the four; each result equals the one-row product bit for bit (the same operations
 /// per row, in the same order).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_family4(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_family4(
     n: usize,
     w: &[u8],
     wb: usize,
     a: [&[u8]; 4],
     qs: impl Fn(&[u8]) -> __m256i,
     dw: impl Fn(&[u8]) -> f32,
+    mul: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for (i, bw) in w.chunks_exact(wb).take(n / QK8_0).enumerate() {
@@ -106,8 +107,7 @@ unsafe fn q8_0_family4(
         let d = dw(bw);
         for (acc, a) in acc.iter_mut().zip(a) {
             let ba = &a[i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
-            let sy = _mm256_sign_epi8(load(ba, 2), x);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+            let p = mul(ax, _mm256_sign_epi8(load(ba, 2), x));
             let dd = _mm256_set1_ps(d * rd_f16(ba, 0));
             *acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), *acc);
         }
@@ -115,29 +115,37 @@ unsafe fn q8_0_family4(
     [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
 }
 
+/// Unsigned bytes times signed bytes, summed in pairs then quads: eight i32 lanes (no pair can
+/// saturate: magnitudes are at most 128 and activations at most 127).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_qs(b: &[u8]) -> __m256i {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn madd_u8_i8(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_qs(b: &[u8]) -> __m256i {
     load(b, 2)
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q4_0_qs(b: &[u8]) -> __m256i {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_0_qs(b: &[u8]) -> __m256i {
     _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q5_0_qs(b: &[u8]) -> __m256i {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_qs(b: &[u8]) -> __m256i {
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
     _mm256_sub_epi8(_mm256_or_si256(nibbles(b, 6), hi), _mm256_set1_epi8(16))
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
     let table = _mm256_setr_epi8(
         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
         -2, -3, -4, -6, -8, -12,
@@ -145,11 +153,15 @@ unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
     _mm256_shuffle_epi8(table, nibbles(b, 1))
 }
 
-fn f16_scale(b: &[u8]) -> f32 {
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_scale(b: &[u8]) -> f32 {
     rd_f16(b, 0)
 }
 
-fn e8m0_scale(b: &[u8]) -> f32 {
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn e8m0_scale(b: &[u8]) -> f32 {
     e8m0_half(b[0])
 }
 
@@ -157,14 +169,30 @@ fn e8m0_scale(b: &[u8]) -> f32 {
 /// the one-row and four-row products alike.
 macro_rules! q8_0_kernels {
     ($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident) => {
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            q8_0_family(n, w, $wb, a, |b| $qs(b), $dw)
+            q8_0_family(
+                n,
+                w,
+                $wb,
+                a,
+                |b| $qs(b),
+                |b| $dw(b),
+                |x, y| madd_u8_i8(x, y),
+            )
         }
 
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-            q8_0_family4(n, w, $wb, a, |b| $qs(b), $dw)
+            q8_0_family4(
+                n,
+                w,
+                $wb,
+                a,
+                |b| $qs(b),
+                |b| $dw(b),
+                |x, y| madd_u8_i8(x, y),
+            )
         }
     };
 }
@@ -191,7 +219,7 @@ fn rd_f32(b: &[u8], at: usize) -> f32 {
 /// Q4_K and Q5_K share their scale layout; `high_bit(j)` gives sub-block `j`'s fifth bits (Q5_K)
 /// or zero (Q4_K).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = 0.0f32;
@@ -241,17 +269,17 @@ unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
     hsum(acc) - acc_m
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     qk_4_5(n, w, 144, a, false)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     qk_4_5(n, w, 176, a, true)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let m4 = _mm256_set1_epi8(0x0f);
@@ -341,7 +369,7 @@ pub unsafe fn f16_to_f32_slice(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let full = n / 32 * 32;

@@ -1,6 +1,7 @@
-//! AVX-512 VNNI dot products for the k-quants decode leans on (Q4_K, Q5_K against Q8_K): one
-//! `vpdpbusd` multiplies 64 weight nibbles by 64 activation bytes and sums them in fours, where
-//! AVX2 needs a multiply-add pair and a second widening step. The results equal the AVX2 kernels'
+//! AVX-512 VNNI dot products: the k-quants decode leans on (Q4_K, Q5_K against Q8_K), where one
+//! `vpdpbusd` multiplies 64 weight nibbles by 64 activation bytes and sums them in fours, and the
+//! Q8_0 family (Q4_0, Q5_0, Q8_0, MXFP4), where a 256-bit `vpdpbusd` replaces AVX2's
+//! multiply-add pair. The results equal the AVX2 kernels'
 //! bit for bit (the same eight integer lane sums per block, the same float steps), so a machine's
 //! tokens do not depend on which of the two it runs. Each function is `unsafe`
 //! only because the caller must have detected avx512f, avx512bw and avx512vnni;
@@ -8,7 +9,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::hsum;
+use super::avx2::{
+    e8m0_scale, f16_scale, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4, q8_0_qs,
+};
 use super::quant::{Q8_K_BYTES, QK_K};
 use crate::model::quants::f16_to_f32;
 
@@ -38,7 +41,7 @@ pub fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 
 /// Q4_K (`wb` 144) or Q5_K (`wb` 176, `five`) blocks against Q8_K activations.
 #[inline]
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
     let nb = n / QK_K;
     assert!(w.len() >= nb * wb && a.len() >= nb * Q8_K_BYTES);
@@ -107,15 +110,43 @@ unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
     hsum(acc) - acc_m
 }
 
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     qk_4_5(n, w, 144, a, false)
 }
 
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     qk_4_5(n, w, 176, a, true)
 }
+
+/// Unsigned bytes times signed bytes summed in fours: the same eight lanes as AVX2's
+/// `maddubs` + `madd` (which cannot saturate on these operands), in one instruction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+unsafe fn dpbusd(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+}
+
+/// The VNNI build of one Q8_0-family type: one-row and four-row products.
+macro_rules! q8_0_vnni {
+    ($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+        pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            q8_0_family(n, w, $wb, a, |b| $qs(b), |b| $dw(b), |x, y| dpbusd(x, y))
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+        pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            q8_0_family4(n, w, $wb, a, |b| $qs(b), |b| $dw(b), |x, y| dpbusd(x, y))
+        }
+    };
+}
+
+q8_0_vnni!(q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scale);
+q8_0_vnni!(q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scale);
+q8_0_vnni!(q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scale);
+q8_0_vnni!(mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scale);
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ pub type DotFn4 = fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
 pub enum Isa {
     Scalar,
     Avx2,
-    /// AVX2 plus avx512f, avx512bw and avx512vnni.
+    /// AVX2 plus avx512f, avx512bw, avx512vnni and avx512vl.
     Avx512Vnni,
 }
 
@@ -47,6 +47,7 @@ fn detect() -> Isa {
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
             {
                 return Isa::Avx512Vnni;
             }
@@ -94,10 +95,34 @@ fn kernel_for(isa: Isa, w: GgmlType) -> Option<DotFn> {
 
 /// The four-row kernel for weights of type `w`, where this CPU's one-row kernel has one.
 pub fn kernel4(w: GgmlType) -> Option<DotFn4> {
-    match isa() {
+    kernel4_for(isa(), w)
+}
+
+fn kernel4_for(isa: Isa, w: GgmlType) -> Option<DotFn4> {
+    match isa {
         Isa::Scalar => None,
-        Isa::Avx2 | Isa::Avx512Vnni => simd_kernel4(w),
+        Isa::Avx2 => simd_kernel4(w),
+        Isa::Avx512Vnni => vnni_kernel4(w).or_else(|| simd_kernel4(w)),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vnni_kernel4(w: GgmlType) -> Option<DotFn4> {
+    use super::avx512;
+    use GgmlType::*;
+    // SAFETY (all): only reached when `isa()` detected the AVX-512 VNNI level.
+    Some(match w {
+        Q4_0 => |n, w, a| unsafe { avx512::q4_0_q8_0_x4(n, w, a) },
+        Q5_0 => |n, w, a| unsafe { avx512::q5_0_q8_0_x4(n, w, a) },
+        Q8_0 => |n, w, a| unsafe { avx512::q8_0_q8_0_x4(n, w, a) },
+        Mxfp4 => |n, w, a| unsafe { avx512::mxfp4_q8_0_x4(n, w, a) },
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni_kernel4(_w: GgmlType) -> Option<DotFn4> {
+    None
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -147,6 +172,10 @@ fn vnni_kernel(w: GgmlType) -> Option<DotFn> {
     Some(match w {
         Q4K => |n, w, a| unsafe { avx512::q4_k_q8_k(n, w, a) },
         Q5K => |n, w, a| unsafe { avx512::q5_k_q8_k(n, w, a) },
+        Q4_0 => |n, w, a| unsafe { avx512::q4_0_q8_0(n, w, a) },
+        Q5_0 => |n, w, a| unsafe { avx512::q5_0_q8_0(n, w, a) },
+        Q8_0 => |n, w, a| unsafe { avx512::q8_0_q8_0(n, w, a) },
+        Mxfp4 => |n, w, a| unsafe { avx512::mxfp4_q8_0(n, w, a) },
         _ => return None,
     })
 }
@@ -245,7 +274,7 @@ mod tests {
             return;
         }
         let mut rng = Rng(0x51ed_2701_7a3c_9e11);
-        for ty in [Q4K, Q5K] {
+        for ty in [Q4K, Q5K, Q4_0, Q5_0, Q8_0, Mxfp4] {
             for n in [256, 2048, 4096] {
                 let x: Vec<f32> = (0..n).map(|_| rng.f() * 3.0).collect();
                 let mut a = vec![0u8; act_row_bytes(vec_dot_type(ty), n)];
@@ -267,11 +296,6 @@ mod tests {
         use GgmlType::*;
         let mut rng = Rng(0x0dd_ba11_cafe);
         for ty in [Q4_0, Q5_0, Q8_0, Mxfp4] {
-            let Some(four) = kernel4(ty) else {
-                println!("skipped {ty}: no four-row kernel on this CPU");
-                continue;
-            };
-            let one = kernel(ty).unwrap();
             let n = 1024;
             let w = random_weights(ty, n, &mut rng);
             let acts: Vec<Vec<u8>> = (0..4)
@@ -282,9 +306,17 @@ mod tests {
                     a
                 })
                 .collect();
-            let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
-            for (j, a) in acts.iter().enumerate() {
-                assert_eq!(got[j].to_bits(), one(n, &w, a).to_bits(), "{ty} row {j}");
+            for level in [Isa::Avx2, Isa::Avx512Vnni]
+                .into_iter()
+                .filter(|&l| l as u8 <= detect() as u8)
+            {
+                let four = kernel4_for(level, ty).expect("a four-row kernel");
+                let one = kernel_for(level, ty).unwrap();
+                let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                for (j, a) in acts.iter().enumerate() {
+                    let want = one(n, &w, a);
+                    assert_eq!(got[j].to_bits(), want.to_bits(), "{ty} {level:?} row {j}");
+                }
             }
         }
     }
