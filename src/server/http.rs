@@ -462,14 +462,27 @@ async fn detokenize(state: Shared, body: Bytes) -> HttpResponse {
             })?;
             for t in ids {
                 let id = request::as_i64(t).map_err(TaskError::invalid)?;
-                if id >= 0 && (id as usize) < r.codec.n_tokens() {
-                    content.extend(r.codec.token_to_piece(id as u32, true));
+                let n = r.codec.n_tokens();
+                if id < 0 || id as usize >= n {
+                    // upstream indexes its token table with a checked lookup that throws; the
+                    // id is read as an unsigned index, so -1 reads as 2^64 - 1
+                    return Err(TaskError::new(
+                        ErrorKind::Server,
+                        format!(
+                            "vector::_M_range_check: __n (which is {}) >= this->size() (which is {n})",
+                            id as u64
+                        ),
+                    ));
                 }
+                content.extend(r.codec.token_to_piece(id as u32, true));
             }
         }
         Ok(ok(json!({"content": String::from_utf8_lossy(&content)})))
     })())
 }
+
+/// How the chat module words a message list it could not read (`chat::ChatError::Messages`).
+const MESSAGES_ERROR: &str = "Failed to parse messages:";
 
 /// Chat body to a completion body: the rendered prompt plus the OpenAI fields mapped.
 fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, TaskError> {
@@ -521,7 +534,16 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
         .unwrap_or(json!({}));
     let prompt = chat
         .render(messages, &tools, add_generation_prompt, &kwargs)
-        .map_err(TaskError::invalid)?;
+        .map_err(|e| {
+            // upstream rethrows a failure to read the messages as a runtime error: a 500;
+            // template errors are the request's (400)
+            let kind = if e.starts_with(MESSAGES_ERROR) {
+                ErrorKind::Server
+            } else {
+                ErrorKind::InvalidRequest
+            };
+            TaskError::new(kind, e)
+        })?;
     let mut out = body.as_object().cloned().unwrap_or_default();
     out.insert("prompt".into(), json!(prompt));
     match body.get("stop") {
@@ -702,6 +724,13 @@ struct Submitted {
 }
 
 fn submit_all(r: &Ready, state: &AppState, data: &Value) -> Result<Submitted, TaskError> {
+    if !data.is_object() {
+        // upstream's first keyed read of a body that is not an object
+        return Err(TaskError::invalid(format!(
+            "[json.exception.type_error.304] cannot use at() with {}",
+            json_type_name(data)
+        )));
+    }
     let prompt = data.get("prompt").ok_or_else(|| {
         TaskError::invalid("[json.exception.out_of_range.403] key 'prompt' not found")
     })?;

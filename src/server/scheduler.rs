@@ -1165,7 +1165,10 @@ fn process_token(
                 n_decoded: active.n_gen,
                 n_prompt_tokens: active.request.tokens.len(),
                 n_prompt_cached: active.n_prompt_cached,
-                timings: params.timings_per_token.then(|| active.timings()),
+                // upstream times every chunk with timings_per_token, and the chunk that ends
+                // the completion (a stop word found in this token) always
+                timings: (params.timings_per_token || active.stop != StopType::None)
+                    .then(|| active.timings()),
             });
         }
     }
