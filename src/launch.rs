@@ -714,16 +714,18 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
 mod tests {
     use super::*;
 
-    fn cfg(args: &[&str]) -> Config {
+    fn parsed(args: &[&str]) -> crate::cli::Parsed {
         let mut argv = vec!["bloomery-serve".to_string()];
         argv.extend(args.iter().map(|s| s.to_string()));
-        crate::cli::parse(&argv, &|_: &str| None).unwrap().config
+        crate::cli::parse(&argv, &|_: &str| None).unwrap()
+    }
+
+    fn cfg(args: &[&str]) -> Config {
+        parsed(args).config
     }
 
     fn intent(args: &[&str]) -> PlacementIntent {
-        let mut argv = vec!["bloomery-serve".to_string()];
-        argv.extend(args.iter().map(|s| s.to_string()));
-        crate::cli::parse(&argv, &|_: &str| None).unwrap().placement
+        parsed(args).placement
     }
 
     #[test]
@@ -740,12 +742,15 @@ mod tests {
             );
             return;
         };
-        let choice = crate::chat::TemplateChoice {
-            override_source: Some(&source),
-            model_default: None,
-            model_tool_use: None,
+        let load = |source: &str| {
+            let choice = crate::chat::TemplateChoice {
+                override_source: Some(source),
+                model_default: None,
+                model_tool_use: None,
+            };
+            Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap())
         };
-        let t = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        let t = load(&source);
         let text = "<think>\nadd them\n</think>\n\nIt is 4.";
         let r = t
             .parse_reply("<|im_start|>assistant\n", text, "deepseek", false)
@@ -808,21 +813,11 @@ mod tests {
         assert_eq!(calls[0][0]["function"]["name"], "add", "{deltas:?}");
         assert_eq!(calls[0][0]["type"], "function");
         // a template that never thinks keeps tags as content and streams token by token
-        let choice = crate::chat::TemplateChoice {
-            override_source: Some(crate::chat::CHATML_SOURCE),
-            model_default: None,
-            model_tool_use: None,
-        };
-        let plain = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        let plain = load(crate::chat::CHATML_SOURCE);
         // Harmony thinks in its analysis channel, with no tag in the template
         let oss =
             std::fs::read_to_string(path.with_file_name("openai-gpt-oss-120b.jinja")).unwrap();
-        let choice = crate::chat::TemplateChoice {
-            override_source: Some(&oss),
-            model_default: None,
-            model_tool_use: None,
-        };
-        let oss = Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap());
+        let oss = load(&oss);
         let harmony = "<|channel|>analysis<|message|>add them<|end|><|start|>assistant<|channel|>final<|message|>It is 4.";
         let r = oss.parse_reply("", harmony, "deepseek", false).unwrap();
         assert_eq!(

@@ -14,13 +14,13 @@
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::model::{Ffn, Weights};
 use super::moe::{expert_pairs, PairBufs};
-use super::tier::ring::Ring;
+use super::tier::ring::{Ring, RingError, Stage};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
 use crate::backend::cpu::ThreadPool;
 use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
 use crate::backend::cuda::{
-    page_spans, Buf, Cuda, CudaError, DevBuf, DevMatrix, Event, Graph, Pinned, RowMove,
+    page_spans, Buf, Cuda, CudaError, DevBuf, DevMatrix, Event, Gpu, Graph, Pinned, RowMove,
 };
 use crate::model::GgmlType;
 
@@ -97,6 +97,90 @@ struct Stream {
     released: Vec<Option<Event>>,
     /// The host expert tensors, page-locked so their copies run on the copy engine.
     _pinned: Vec<Pinned>,
+}
+
+/// The model's stream ring (present whenever some layer has host experts).
+fn ring(stream: &mut Option<Stream>) -> Result<&mut Stream, CudaError> {
+    stream
+        .as_mut()
+        .ok_or_else(|| CudaError("no stream ring".into()))
+}
+
+impl From<RingError> for CudaError {
+    fn from(e: RingError) -> Self {
+        CudaError(format!("stream ring: {}", e.0))
+    }
+}
+
+impl Stream {
+    /// Queues the copy of layer `il`'s experts `x` into the next buffer (side stream, after the
+    /// products that last read that buffer): host experts from the mapped file, the rest from
+    /// their card slots, in runs of consecutive experts.
+    fn fill(&mut self, gpu: &Gpu, il: usize, x: &Experts) -> Result<(), CudaError> {
+        let Some(host) = &x.host else {
+            return Err(CudaError(format!("layer {il} has no host experts")));
+        };
+        let b = self
+            .ring
+            .acquire(il)
+            .ok_or_else(|| CudaError(format!("stream ring: no free buffer for layer {il}")))?;
+        if let Some(ev) = &self.released[b] {
+            gpu.side_waits(ev)?;
+        }
+        let ne = x.slot.len();
+        for ((t, card), m) in host.iter().zip(&x.card).zip(&mut self.bufs[b]) {
+            let data = t.data();
+            let eb = data.len() / ne;
+            let rows = t.shape[1..].iter().product::<usize>() / ne;
+            if data.len() > m.buf.bytes() {
+                return Err(CudaError(format!(
+                    "{} does not fit its ring buffer",
+                    t.name
+                )));
+            }
+            (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, ne, eb / rows);
+            let mut x0 = 0;
+            while x0 < ne {
+                // a run of host experts, or of card experts in consecutive slots
+                let s0 = x.slot[x0];
+                let mut x1 = x0 + 1;
+                while x1 < ne
+                    && ((s0 < 0 && x.slot[x1] < 0)
+                        || (s0 >= 0 && x.slot[x1] == s0 + (x1 - x0) as i32))
+                {
+                    x1 += 1;
+                }
+                let dst = m.buf.at(x0 * eb);
+                if s0 < 0 {
+                    gpu.upload_side(dst, &data[x0 * eb..x1 * eb])?;
+                } else {
+                    gpu.copy_side(dst, card.buf.at(s0 as usize * eb), (x1 - x0) * eb)?;
+                }
+                x0 = x1;
+            }
+        }
+        self.copied[b] = Some(gpu.side_event()?);
+        self.ring.filled(b)?;
+        Ok(self.ring.copied(b)?)
+    }
+
+    /// The buffer holding layer `il`, with the main stream made to wait for its copy.
+    fn take(&mut self, gpu: &Gpu, il: usize) -> Result<usize, CudaError> {
+        let b = (0..RING_BUFFERS)
+            .find(|&b| self.ring.stage(b) == Some(Stage::Ready(il)))
+            .ok_or_else(|| CudaError(format!("stream ring: layer {il} was not copied")))?;
+        if let Some(ev) = &self.copied[b] {
+            gpu.main_waits(ev)?;
+        }
+        self.ring.start(b)?;
+        Ok(b)
+    }
+
+    /// Buffer `b`'s products are queued: its next copy waits for them.
+    fn release(&mut self, gpu: &Gpu, b: usize) -> Result<(), CudaError> {
+        self.released[b] = Some(gpu.main_event()?);
+        Ok(self.ring.release(b)?)
+    }
 }
 
 /// A pass of at least this many tokens streams host experts through the card; a smaller one
@@ -690,7 +774,7 @@ impl GpuModel {
         }
         for il in 0..self.layers.len() {
             let buf = if self.host_experts(il) {
-                Some(self.stream_take(il)?)
+                Some(ring(&mut self.stream)?.take(&self.cuda.gpu, il)?)
             } else {
                 None
             };
@@ -698,7 +782,7 @@ impl GpuModel {
                 self.layer(il, *n, spans, *io, buf)?;
             }
             if let Some(b) = buf {
-                self.stream_release(b)?;
+                ring(&mut self.stream)?.release(&self.cuda.gpu, b)?;
                 if next < order.len() {
                     self.stream_fill(order[next])?;
                     next += 1;
@@ -715,95 +799,13 @@ impl GpuModel {
         matches!(&self.layers[il].ffn, GpuFfn::Moe { experts, .. } if !experts.all_on_card())
     }
 
-    /// Queues the copy of layer `il`'s experts into the next ring buffer (side stream, after the
-    /// products that last read that buffer): host experts from the mapped file, the rest from
-    /// their card slots, in runs of consecutive experts.
+    /// Queues the copy of layer `il`'s experts into the next ring buffer.
     fn stream_fill(&mut self, il: usize) -> Result<(), CudaError> {
-        let ring_err = |e: super::tier::ring::RingError| CudaError(format!("stream ring: {}", e.0));
-        let (gpu, st) = match (&self.cuda.gpu, self.stream.as_mut()) {
-            (g, Some(st)) => (g, st),
-            _ => return Err(CudaError("no stream ring".into())),
-        };
-        let GpuFfn::Moe { experts: x, .. } = &self.layers[il].ffn else {
+        let GpuFfn::Moe { experts, .. } = &self.layers[il].ffn else {
             return Err(CudaError(format!("layer {il} has no experts to stream")));
         };
-        let Some(host) = &x.host else {
-            return Err(CudaError(format!("layer {il} has no host experts")));
-        };
-        let b = st
-            .ring
-            .acquire(il)
-            .ok_or_else(|| CudaError(format!("stream ring: no free buffer for layer {il}")))?;
-        if let Some(ev) = &st.released[b] {
-            gpu.side_waits(ev)?;
-        }
-        let ne = x.slot.len();
-        for ((t, card), m) in host.iter().zip(&x.card).zip(&mut st.bufs[b]) {
-            let data = t.data();
-            let eb = data.len() / ne;
-            let rows = t.shape[1..].iter().product::<usize>() / ne;
-            if data.len() > m.buf.bytes() {
-                return Err(CudaError(format!(
-                    "{} does not fit its ring buffer",
-                    t.name
-                )));
-            }
-            (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, ne, eb / rows);
-            let mut x0 = 0;
-            while x0 < ne {
-                // a run of host experts, or of card experts in consecutive slots
-                let s0 = x.slot[x0];
-                let mut x1 = x0 + 1;
-                while x1 < ne
-                    && ((s0 < 0 && x.slot[x1] < 0)
-                        || (s0 >= 0 && x.slot[x1] == s0 + (x1 - x0) as i32))
-                {
-                    x1 += 1;
-                }
-                let dst = m.buf.at(x0 * eb);
-                if s0 < 0 {
-                    gpu.upload_side(dst, &data[x0 * eb..x1 * eb])?;
-                } else {
-                    gpu.copy_side(dst, card.buf.at(s0 as usize * eb), (x1 - x0) * eb)?;
-                }
-                x0 = x1;
-            }
-        }
-        st.copied[b] = Some(gpu.side_event()?);
-        st.ring.filled(b).map_err(ring_err)?;
-        st.ring.copied(b).map_err(ring_err)
+        ring(&mut self.stream)?.fill(&self.cuda.gpu, il, experts)
     }
-
-    /// The ring buffer holding layer `il`, with the main stream made to wait for its copy.
-    fn stream_take(&mut self, il: usize) -> Result<usize, CudaError> {
-        let (gpu, st) = match (&self.cuda.gpu, self.stream.as_mut()) {
-            (g, Some(st)) => (g, st),
-            _ => return Err(CudaError("no stream ring".into())),
-        };
-        let b = (0..RING_BUFFERS)
-            .find(|&b| st.ring.stage(b) == Some(super::tier::ring::Stage::Ready(il)))
-            .ok_or_else(|| CudaError(format!("stream ring: layer {il} was not copied")))?;
-        if let Some(ev) = &st.copied[b] {
-            gpu.main_waits(ev)?;
-        }
-        st.ring
-            .start(b)
-            .map_err(|e| CudaError(format!("stream ring: {}", e.0)))?;
-        Ok(b)
-    }
-
-    /// Buffer `b`'s products are queued: its next copy waits for them.
-    fn stream_release(&mut self, b: usize) -> Result<(), CudaError> {
-        let (gpu, st) = match (&self.cuda.gpu, self.stream.as_mut()) {
-            (g, Some(st)) => (g, st),
-            _ => return Err(CudaError("no stream ring".into())),
-        };
-        st.released[b] = Some(gpu.main_event()?);
-        st.ring
-            .release(b)
-            .map_err(|e| CudaError(format!("stream ring: {}", e.0)))
-    }
-
     /// Token embeddings of the ubatch at `io` into its residual stream.
     fn embed(&mut self, n: usize, io: Io) -> Result<(), CudaError> {
         let c = &mut self.cuda;
