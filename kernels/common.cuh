@@ -41,3 +41,10 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
 }
+
+// act(g) * u for gated FFNs: SiLU (gelu = 0) or GELU's tanh form (gelu = 1).
+__device__ __forceinline__ float glu_of(float g, float u, int gelu) {
+    const float a = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608f * g * (1.0f + 0.044715f * g * g)))
+                         : g / (1.0f + expf(-g));
+    return a * u;
+}

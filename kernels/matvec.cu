@@ -5,47 +5,164 @@
 #define MMV_MAX 8
 #define MMV_WARPS 4
 
-// acc[col] += W_row . x[col] over this lane's 32-element chunks.
+// Words of shared memory one warp needs to stage 32 chunks (one pass) of type TY.
 template <int TY>
-__device__ __forceinline__ void mmv_lane(const u8* w, int k, const float* x, i64 x_stride,
-                                         int ncols, float* acc) {
+struct Stage {
+    static const int per = Fmt<TY>::elems / 32;  // chunks per block
+    static const int words = (WARP / per * Fmt<TY>::bytes + 3) / 4 + 1;
+};
+
+// Copies the blocks holding chunks [c0, c0 + n) of the packed rows at `w` (c0 a multiple of 32,
+// so a block boundary) into this warp's `stage` with coalesced 4-byte loads, and returns where
+// the first of those blocks starts there: chunk c0 + i is then chunk i of the result. Every
+// lane must call it. The last word read may run up to 3 bytes past the final block, inside the
+// same 4-byte word of the allocation.
+template <int TY>
+__device__ __forceinline__ const u8* stage_chunks(const u8* w, i64 c0, int n, u32* stage) {
+    const int per = Stage<TY>::per;
+    const u8* src = w + (c0 / per) * Fmt<TY>::bytes;
+    const int bytes = (n + per - 1) / per * Fmt<TY>::bytes;
+    const int o = (int)((unsigned long long)src & 3);
+    const u32* s = (const u32*)(src - o);
+    const int words = (o + bytes + 3) / 4;
+    __syncwarp();
+    for (int i = threadIdx.x % WARP; i < words; i += WARP) stage[i] = s[i];
+    __syncwarp();
+    return (const u8*)stage + o;
+}
+
+// The products read weights in spans: up to `chunks` 32-element chunks of one row (about 2 KiB
+// of blocks, so the rows of most matrices are one span), copied into shared memory with
+// asynchronous 16-byte copies while the warp computes the span before.
+template <int TY>
+struct Span {
+    static const int per = Fmt<TY>::elems / 32;
+    static const int b32 = WARP / per * Fmt<TY>::bytes;  // bytes of 32 chunks
+    static const int chunks = b32 <= 576 ? 128 : b32 <= 1152 ? 64 : 32;
+    // the span's blocks plus up to 15 bytes before them (16-byte copies start aligned) and
+    // the last copy's overrun
+    static const int words = (chunks / per * Fmt<TY>::bytes + 32) / 4;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
+    unsigned s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Starts copying `bytes` from `src` into `buf` (16-byte aligned) as one group; the data starts
+// at byte (src & 15) of `buf`. The copies begin at the 16-byte boundary at or before `src` and
+// may end up to 15 bytes past its end, inside the same 16-byte granule of the allocation.
+__device__ __forceinline__ void span_copy(const u8* src, int bytes, u32* buf) {
+    const int o = (int)((unsigned long long)src & 15);
+    const u8* a = src - o;
+    const int n16 = (o + bytes + 15) / 16;
+    for (int i = threadIdx.x % WARP; i < n16; i += WARP) cp_async16(buf + 4 * i, a + 16 * i);
+    cp_async_commit();
+}
+
+// One warp's dot products: items j0, j0 + 1, ... < j1, each the row `row(j, m)` of each of the
+// M matrices times NC-or-fewer input columns (`xrow(j)`, `x_stride` apart), handed to
+// `done(j, sums)` with sums[m][col]. Weights are read a span at a time, the next span's copy in
+// flight while this one is computed; each lane takes chunks lane, lane + 32, ... of a span, so
+// every sum adds the same terms in the same order as a plain loop over the row's chunks.
+template <int TY, int M, typename Row, typename XRow, typename Done>
+__device__ __forceinline__ void mmv_warp(int j0, int j1, int k, int ncols, i64 x_stride,
+                                         Row row, XRow xrow, Done done,
+                                         u32 (*buf)[Span<TY>::words]) {
     const int lane = threadIdx.x % WARP;
-    float v[32];
-    for (int c = lane; c < k / 32; c += WARP) {
-        deq<TY>(w, c, v);
+    const int per = Span<TY>::per, S = Span<TY>::chunks;
+    const int chunks = k / 32, ns = (chunks + S - 1) / S;
+    const int per_item = M * ns;
+    const int total = (j1 > j0 ? j1 - j0 : 0) * per_item;
+    auto src = [&](int t, int* c0, int* n) {
+        const int rest = t % per_item, m = rest / ns;
+        *c0 = rest % ns * S;
+        *n = min(S, chunks - *c0);
+        return row(j0 + t / per_item, m) + (i64)(*c0 / per) * Fmt<TY>::bytes;
+    };
+    float acc[M][MMV_MAX];
 #pragma unroll
-        for (int col = 0; col < MMV_MAX; col++) {
-            if (col < ncols) {
-                const float4* xc = (const float4*)(x + col * x_stride + 32 * c);
-                float s = 0.0f;
+    for (int m = 0; m < M; m++)
 #pragma unroll
-                for (int l = 0; l < 8; l++) {
-                    float4 xv = xc[l];
-                    s += v[4 * l] * xv.x + v[4 * l + 1] * xv.y + v[4 * l + 2] * xv.z +
-                         v[4 * l + 3] * xv.w;
+        for (int col = 0; col < MMV_MAX; col++) acc[m][col] = 0.0f;
+    if (total > 0) {
+        int c0, n;
+        const u8* p = src(0, &c0, &n);
+        span_copy(p, n / per * Fmt<TY>::bytes, buf[0]);
+    }
+    for (int t = 0; t < total; t++) {
+        int c0, n;
+        if (t + 1 < total) {
+            const u8* p = src(t + 1, &c0, &n);
+            span_copy(p, n / per * Fmt<TY>::bytes, buf[(t + 1) & 1]);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const u8* p = src(t, &c0, &n);
+        const u8* blocks = (const u8*)buf[t & 1] + ((unsigned long long)p & 15);
+        const int j = j0 + t / per_item, m = t % per_item / ns;
+        const float* x = xrow(j);
+        for (int c = lane; c < n; c += WARP) {
+            float v[32];
+            deq<TY>(blocks, c, v);
+#pragma unroll
+            for (int col = 0; col < MMV_MAX; col++) {
+                if (col < ncols) {
+                    const float4* xc = (const float4*)(x + col * x_stride + 32 * (c0 + c));
+                    float s = 0.0f;
+#pragma unroll
+                    for (int l = 0; l < 8; l++) {
+                        float4 xv = xc[l];
+                        s += v[4 * l] * xv.x + v[4 * l + 1] * xv.y + v[4 * l + 2] * xv.z +
+                             v[4 * l + 3] * xv.w;
+                    }
+                    // constant indices keep acc in registers
+#pragma unroll
+                    for (int mm = 0; mm < M; mm++)
+                        if (mm == m) acc[mm][col] += s;
                 }
-                acc[col] += s;
             }
+        }
+        __syncwarp();  // every lane is done with this buffer before it is refilled
+        if (t % per_item == per_item - 1) {
+            float sums[M][MMV_MAX];
+#pragma unroll
+            for (int mm = 0; mm < M; mm++)
+#pragma unroll
+                for (int col = 0; col < MMV_MAX; col++) {
+                    sums[mm][col] = col < ncols ? warp_sum(acc[mm][col]) : 0.0f;
+                    acc[mm][col] = 0.0f;
+                }
+            if (lane == 0) done(j, sums);
         }
     }
 }
 
+// This warp's rows: `rpw` consecutive rows from (block, warp).
+__device__ __forceinline__ int warp_row0(int rpw) {
+    return (blockIdx.x * MMV_WARPS + threadIdx.x / WARP) * rpw;
+}
+
 template <int TY>
 __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int nrows,
-                                         const float* x, int ncols, float* y) {
-    const int r = blockIdx.x * MMV_WARPS + threadIdx.x / WARP;
-    if (r >= nrows) return;
-    float acc[MMV_MAX];
-#pragma unroll
-    for (int col = 0; col < MMV_MAX; col++) acc[col] = 0.0f;
-    mmv_lane<TY>(W + r * row_bytes, k, x, k, ncols, acc);
-#pragma unroll
-    for (int col = 0; col < MMV_MAX; col++) {
-        if (col < ncols) {
-            float s = warp_sum(acc[col]);
-            if (threadIdx.x % WARP == 0) y[(i64)col * nrows + r] = s;
-        }
-    }
+                                         const float* x, int ncols, float* y, int rpw) {
+    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
+    const int r0 = warp_row0(rpw);
+    mmv_warp<TY, 1>(
+        r0, min(r0 + rpw, nrows), k, ncols, k, [&](int r, int) { return W + r * row_bytes; },
+        [&](int) { return x; },
+        [&](int r, float (*s)[MMV_MAX]) {
+            for (int col = 0; col < ncols; col++) y[(i64)col * nrows + r] = s[0][col];
+        },
+        buf[threadIdx.x / WARP]);
 }
 
 // Row r of expert ids[p] times x row (p / x_div): x_div is the experts used per token when all
@@ -54,41 +171,69 @@ __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int 
 template <int TY>
 __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expert_bytes, int k,
                                             int nrows, const int* ids, const float* x, int x_div,
-                                            float* y) {
-    const int r = blockIdx.x * MMV_WARPS + threadIdx.x / WARP;
+                                            float* y, int rpw) {
+    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int p = blockIdx.y;
     const int id = ids[p];
-    if (r >= nrows || id < 0) return;
-    float acc[MMV_MAX];
-#pragma unroll
-    for (int col = 0; col < MMV_MAX; col++) acc[col] = 0.0f;
-    const u8* w = W + (i64)id * expert_bytes + r * row_bytes;
-    mmv_lane<TY>(w, k, x + (i64)(p / x_div) * k, k, 1, acc);
-    float s = warp_sum(acc[0]);
-    if (threadIdx.x % WARP == 0) y[(i64)p * nrows + r] = s;
+    if (id < 0) return;
+    const u8* we = W + (i64)id * expert_bytes;
+    const float* xp = x + (i64)(p / x_div) * k;
+    const int r0 = warp_row0(rpw);
+    mmv_warp<TY, 1>(
+        r0, min(r0 + rpw, nrows), k, 1, k, [&](int r, int) { return we + r * row_bytes; },
+        [&](int) { return xp; },
+        [&](int r, float (*s)[MMV_MAX]) { y[(i64)p * nrows + r] = s[0][0]; },
+        buf[threadIdx.x / WARP]);
 }
 
-// Each thread dequantizes one 32-element chunk; chunks enumerate the output in order, so a
-// warp's 32 chunks are 2 KiB of contiguous f16, staged in shared memory and written with 16-byte
-// stores (writing each thread's 32 halves directly scatters every store over 32 segments).
-// Blocks are 128 threads.
+// The gate and up rows r of expert ids[p] times x row (p / x_div) in one pass, written as
+// act(gate) * up: the same sums as two mmv_id products and a glu, in a third of the launches.
 template <int TY>
-__device__ __forceinline__ void deq_f16_impl(const u8* W, i64 row_bytes, int k, int nrows,
-                                             u16* out) {
-    __shared__ __align__(16) u16 stage[4][32 * 32];
+__device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 row_bytes,
+                                                i64 expert_bytes, int k, int nrows,
+                                                const int* ids, const float* x, int x_div,
+                                                int gelu, float* y, int rpw) {
+    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
+    const int p = blockIdx.y;
+    const int id = ids[p];
+    if (id < 0) return;
+    const i64 e0 = (i64)id * expert_bytes;
+    const float* xp = x + (i64)(p / x_div) * k;
+    const int r0 = warp_row0(rpw);
+    mmv_warp<TY, 2>(
+        r0, min(r0 + rpw, nrows), k, 1, k,
+        [&](int r, int m) { return (m == 0 ? G : U) + e0 + r * row_bytes; },
+        [&](int) { return xp; },
+        [&](int r, float (*s)[MMV_MAX]) {
+            y[(i64)p * nrows + r] = glu_of(s[0][0], s[1][0], gelu);
+        },
+        buf[threadIdx.x / WARP]);
+}
+
+// Each thread dequantizes one 32-element chunk; chunks enumerate the output in order (rows are
+// packed, so they also enumerate the blocks in order). A warp's 32 chunks are read through
+// `stage_chunks`, and their 2 KiB of contiguous f16 are staged in shared memory and written
+// with 16-byte stores (writing each thread's 32 halves directly scatters every store over 32
+// segments). Blocks are 128 threads.
+template <int TY>
+__device__ __forceinline__ void deq_f16_impl(const u8* W, int k, int nrows, u16* out) {
+    __shared__ __align__(16) u16 staged[4][32 * 32];
+    __shared__ u32 stage[4][Stage<TY>::words];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-    const int per = k / 32;
-    const i64 total = (i64)nrows * per;
-    if (t < total) {
+    const i64 total = (i64)nrows * (k / 32);
+    const i64 t0 = t - lane;
+    if (t0 >= total) return;
+    const int n = (int)min((i64)WARP, total - t0);
+    const u8* blocks = stage_chunks<TY>(W, t0, n, stage[warp]);
+    if (lane < n) {
         float v[32];
-        deq<TY>(W + (t / per) * row_bytes, (int)(t % per), v);
+        deq<TY>(blocks, lane, v);
 #pragma unroll
-        for (int l = 0; l < 32; l++) stage[warp][lane * 32 + l] = f2h(v[l]);
+        for (int l = 0; l < 32; l++) staged[warp][lane * 32 + l] = f2h(v[l]);
     }
     __syncwarp();
-    const i64 t0 = t - lane;
-    const uint4* src = (const uint4*)stage[warp];
+    const uint4* src = (const uint4*)staged[warp];
     uint4* dst = (uint4*)(out + 32 * t0);
 #pragma unroll
     for (int i = lane; i < 128; i += WARP)
@@ -110,17 +255,23 @@ __device__ __forceinline__ void get_rows_impl(const u8* W, i64 row_bytes, int k,
 
 #define MATVEC_KERNELS(NAME, TY)                                                                \
     extern "C" __global__ void mmv_##NAME(const u8* W, i64 row_bytes, int k, int nrows,         \
-                                          const float* x, int ncols, float* y) {                \
-        mmv_impl<TY>(W, row_bytes, k, nrows, x, ncols, y);                                      \
+                                          const float* x, int ncols, float* y, int rpw) {       \
+        mmv_impl<TY>(W, row_bytes, k, nrows, x, ncols, y, rpw);                                 \
     }                                                                                           \
     extern "C" __global__ void mmv_id_##NAME(const u8* W, i64 row_bytes, i64 expert_bytes,     \
                                              int k, int nrows, const int* ids, const float* x,  \
-                                             int x_div, float* y) {                             \
-        mmv_id_impl<TY>(W, row_bytes, expert_bytes, k, nrows, ids, x, x_div, y);                \
+                                             int x_div, float* y, int rpw) {                    \
+        mmv_id_impl<TY>(W, row_bytes, expert_bytes, k, nrows, ids, x, x_div, y, rpw);           \
     }                                                                                           \
-    extern "C" __global__ void deq_f16_##NAME(const u8* W, i64 row_bytes, int k, int nrows,     \
-                                              u16* out) {                                       \
-        deq_f16_impl<TY>(W, row_bytes, k, nrows, out);                                          \
+    extern "C" __global__ void mmv_id_glu_##NAME(const u8* G, const u8* U, i64 row_bytes,      \
+                                                 i64 expert_bytes, int k, int nrows,            \
+                                                 const int* ids, const float* x, int x_div,     \
+                                                 int gelu, float* y, int rpw) {                 \
+        mmv_id_glu_impl<TY>(G, U, row_bytes, expert_bytes, k, nrows, ids, x, x_div, gelu, y,    \
+                            rpw);                                                               \
+    }                                                                                           \
+    extern "C" __global__ void deq_f16_##NAME(const u8* W, int k, int nrows, u16* out) {       \
+        deq_f16_impl<TY>(W, k, nrows, out);                                                     \
     }                                                                                           \
     extern "C" __global__ void get_rows_##NAME(const u8* W, i64 row_bytes, int k,               \
                                                const int* ids, float* out) {                    \

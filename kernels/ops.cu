@@ -59,18 +59,10 @@ extern "C" __global__ void softcap(float* x, float cap, i64 n) {
     if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
-// g = act(g) * u: SiLU (gelu = 0) or GELU's tanh form (gelu = 1).
+// g = act(g) * u (see glu_of).
 extern "C" __global__ void glu(float* g, const float* u, i64 n, int gelu) {
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float x = g[i];
-    float a;
-    if (gelu) {
-        a = 0.5f * x * (1.0f + tanhf(0.7978845608f * x * (1.0f + 0.044715f * x * x)));
-    } else {
-        a = x / (1.0f + expf(-x));
-    }
-    g[i] = a * u[i];
+    if (i < n) g[i] = glu_of(g[i], u[i], gelu);
 }
 
 extern "C" __global__ void to_f16(const float* x, u16* out, i64 n) {
@@ -155,7 +147,10 @@ extern "C" __global__ void route(const float* logits, int ne, int k, int norm, f
                 best_e = oe;
             }
         }
-        if (best_e % WARP == lane) p[best_e / WARP] = -1.0f;
+        // compared in the unrolled loop: indexing p with best_e would move it to local memory
+#pragma unroll
+        for (int i = 0; i < MAX_EXPERTS / WARP; i++)
+            if (lane + WARP * i == best_e) p[i] = -1.0f;
         const float prob = best / sum;
         chosen_sum += prob;
         if (lane == 0) {

@@ -10,12 +10,14 @@ use bloomery::model::synthetic::{
 use bloomery::model::GgmlType;
 
 const USAGE: &str = "usage: make-synthetic --preset NAME --out FILE.gguf [--vocab VOCAB.gguf]
-       [--type T] [--expert-type T] [--embd-type T] [--seed N] [--expert-skew X]
+       [--type T] [--expert-type T] [--embd-type T] [--seed N] [--expert-skew X] [--layers N]
 
   --type         matrices (default q4_K); --expert-type expert tensors (default: --type);
   --embd-type    token embeddings and output (default q8_0); norms and routers are f32.
   --vocab        tokenizer source (default: the sdist's models/ggml-vocab-llama-spm.gguf)
-  --expert-skew  0 = uniform expert popularity (default); 1 or more = strongly skewed";
+  --expert-skew  0 = uniform expert popularity (default); 1 or more = strongly skewed
+  --layers       fewer (or more) layers than the preset, every other shape unchanged: a small
+                 file whose per-layer costs equal the full model's";
 
 fn run(args: &[String]) -> Result<(), String> {
     let opt = |name: &str| -> Option<String> {
@@ -30,12 +32,20 @@ fn run(args: &[String]) -> Result<(), String> {
         }
     };
     let name = opt("--preset").ok_or("--preset is required")?;
-    let p = preset(&name).ok_or_else(|| {
-        format!(
-            "unknown preset '{name}' (known: {})",
-            preset_names().join(", ")
-        )
-    })?;
+    let mut p = preset(&name)
+        .ok_or_else(|| {
+            format!(
+                "unknown preset '{name}' (known: {})",
+                preset_names().join(", ")
+            )
+        })?
+        .clone();
+    if let Some(s) = opt("--layers") {
+        p.n_layer = match s.parse() {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(format!("--layers: '{s}' is not a layer count")),
+        };
+    }
     let out = PathBuf::from(opt("--out").ok_or("--out is required")?);
     let vocab = match opt("--vocab") {
         Some(v) => PathBuf::from(v),
@@ -68,7 +78,7 @@ fn run(args: &[String]) -> Result<(), String> {
         None => 0.0,
     };
     let opts = SyntheticOptions {
-        preset: p,
+        preset: &p,
         mix,
         vocab: &vocab,
         seed,

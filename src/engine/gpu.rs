@@ -1045,7 +1045,7 @@ fn moe(
     let Some(h) = host else {
         if n <= MMV_MAX {
             // decode: each (token, slot) pair reads only its expert's rows
-            card_pairs(c, mats, ids, s, n, k, nf, gelu)?;
+            card_pairs(c, mats, ids, s, n, k, gelu)?;
         } else {
             let mut chosen = vec![0i32; n * k];
             c.gpu.download(&mut chosen, ids)?;
@@ -1074,7 +1074,7 @@ fn moe(
     if slots.iter().any(|&sl| sl >= 0) {
         if n <= MMV_MAX {
             c.gpu.upload(s.slot_ids.ptr(), &slots)?;
-            card_pairs(c, mats, s.slot_ids.ptr(), s, n, k, nf, gelu)?;
+            card_pairs(c, mats, s.slot_ids.ptr(), s, n, k, gelu)?;
         } else {
             card_groups(c, mats, &slots, s, n, k, gelu, lists)?;
         }
@@ -1121,12 +1121,17 @@ fn card_pairs(
     s: &Scratch,
     n: usize,
     k: usize,
-    nf: usize,
     gelu: bool,
 ) -> Result<(), CudaError> {
-    c.matmul_id(gate, ids, s.cur.ptr(), k, n * k, s.gate.ptr())?;
-    c.matmul_id(up, ids, s.cur.ptr(), k, n * k, s.up.ptr())?;
-    c.glu(s.gate.ptr(), s.up.ptr(), n * k * nf, gelu)?;
+    c.matmul_id_glu(
+        [gate, up],
+        ids,
+        s.cur.ptr(),
+        k,
+        n * k,
+        [s.gate.ptr(), s.up.ptr()],
+        gelu,
+    )?;
     c.matmul_id(down, ids, s.gate.ptr(), 1, n * k, s.moe_y.ptr())
 }
 

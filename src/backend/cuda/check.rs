@@ -136,6 +136,16 @@ pub fn ref_attend(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32)
     out
 }
 
+/// act(g) * u: SiLU, or GELU's tanh form.
+fn ref_glu(g: f64, u: f64, gelu: bool) -> f64 {
+    let act = if gelu {
+        0.5 * g * (1.0 + (0.797_884_560_8 * g * (1.0 + 0.044715 * g * g)).tanh())
+    } else {
+        g / (1.0 + (-g).exp())
+    };
+    act * u
+}
+
 fn up(c: &Cuda, v: &[f32]) -> Result<super::DevBuf, CudaError> {
     c.upload_f32(v)
 }
@@ -170,8 +180,15 @@ fn matvec_ref(w: &[f32], k: usize, x: &[f32]) -> Vec<f64> {
 pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
     let mut out = Vec::new();
     let mut rng = Rand::new(seed | 1);
-    let (k, rows, ne) = (512usize, 67usize, 3usize);
+    let (rows, ne) = (67usize, 3usize);
     for &ty in TYPES {
+        // rows of more than one span of the products' staged copies (128 chunks at most), the
+        // last span partial, and (for the 32-element formats) rows that start at odd addresses
+        let k = match ty.block_size() {
+            32 => 4128,
+            64 => 4160,
+            _ => 4352,
+        };
         let n_all = rows * k * ne;
         let data = random_blocks(ty, n_all, seed ^ ty.id() as u64, 0.05)
             .map_err(|e| CudaError(format!("random {} blocks: {e}", ty.name())))?;
@@ -255,6 +272,44 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
             rel_err: rel_err(&down(c, y.ptr(), pairs * rows)?, &reference),
             limit: 1e-5,
         });
+        // gate and up rows by id in one kernel: the two experts' matrices are `mat` and the
+        // same blocks shifted by one expert, x shared by every pair of a token (x_div 2)
+        let gu: Vec<i32> = (0..pairs).map(|_| rng.below(ne - 1) as i32).collect();
+        c.gpu.upload(idd.ptr(), &gu)?;
+        let shifted = c.upload_matrix(&data[data.len() / ne..], ty, k, rows, ne - 1)?;
+        let (g, u) = (poisoned(c, pairs * rows)?, poisoned(c, pairs * rows)?);
+        for gelu in [false, true] {
+            c.matmul_id_glu(
+                [&mat, &shifted],
+                idd.ptr(),
+                xd.ptr(),
+                2,
+                pairs,
+                [g.ptr(), u.ptr()],
+                gelu,
+            )?;
+            let reference: Vec<f64> = gu
+                .iter()
+                .enumerate()
+                .flat_map(|(p, &e)| {
+                    let e = e as usize;
+                    let xr = &x[(p / 2) * k..(p / 2 + 1) * k];
+                    let gate = matvec_ref(&w[e * rows * k..(e + 1) * rows * k], k, xr);
+                    let upv = matvec_ref(&w[(e + 1) * rows * k..(e + 2) * rows * k], k, xr);
+                    gate.into_iter()
+                        .zip(upv)
+                        .map(move |(a, b)| ref_glu(a, b, gelu))
+                })
+                .collect();
+            out.push(Outcome {
+                name: format!(
+                    "matmul_id_glu {name} {}",
+                    if gelu { "gelu" } else { "silu" }
+                ),
+                rel_err: rel_err(&down(c, g.ptr(), pairs * rows)?, &reference),
+                limit: 1e-5,
+            });
+        }
     }
     out.extend(ops(c, &mut rng)?);
     Ok(out)
@@ -306,15 +361,7 @@ fn ops(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
         let reference: Vec<f64> = g
             .iter()
             .zip(&u)
-            .map(|(&a, &b)| {
-                let a = a as f64;
-                let act = if gelu {
-                    0.5 * a * (1.0 + (0.797_884_560_8 * a * (1.0 + 0.044715 * a * a)).tanh())
-                } else {
-                    a / (1.0 + (-a).exp())
-                };
-                act * b as f64
-            })
+            .map(|(&a, &b)| ref_glu(a as f64, b as f64, gelu))
             .collect();
         out.push(Outcome {
             name: format!("glu {}", if gelu { "gelu" } else { "silu" }),

@@ -66,6 +66,7 @@ impl DevMatrix {
 struct PerType {
     mmv: CudaFunction,
     mmv_id: CudaFunction,
+    mmv_id_glu: CudaFunction,
     deq_f16: CudaFunction,
     get_rows: CudaFunction,
 }
@@ -140,6 +141,13 @@ fn blocks(n: usize, per: u32) -> u32 {
     n.div_ceil(per as usize) as u32
 }
 
+/// Rows each warp of a matrix-vector product takes for `rows` rows in all: enough warps to keep
+/// every multiprocessor's copies in flight (about 2048), and otherwise several rows per warp so
+/// the next row's weights are copied while one is computed.
+fn rows_per_warp(rows: usize) -> u32 {
+    (rows / 2048).clamp(1, 8) as u32
+}
+
 fn i32_of(v: usize) -> Arg {
     Arg::I32(v as i32)
 }
@@ -164,6 +172,7 @@ impl Cuda {
                 PerType {
                     mmv: gpu.function(&format!("mmv_{n}"))?,
                     mmv_id: gpu.function(&format!("mmv_id_{n}"))?,
+                    mmv_id_glu: gpu.function(&format!("mmv_id_glu_{n}"))?,
                     deq_f16: gpu.function(&format!("deq_f16_{n}"))?,
                     get_rows: gpu.function(&format!("get_rows_{n}"))?,
                 },
@@ -270,13 +279,7 @@ impl Cuda {
             (blocks(chunks, 128), 1, 1),
             128,
             0,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                i32_of(w.k),
-                i32_of(rows),
-                Arg::Ptr(a),
-            ],
+            &[Arg::Ptr(base), i32_of(w.k), i32_of(rows), Arg::Ptr(a)],
         )?;
         Ok(a)
     }
@@ -293,9 +296,10 @@ impl Cuda {
         let base = w.buf.at(expert * w.expert_bytes());
         if n <= MMV_MAX {
             let f = &self.kernels(w.ty)?.mmv;
+            let rpw = rows_per_warp(w.rows);
             return self.gpu.launch(
                 f,
-                (blocks(w.rows, MMV_WARPS), 1, 1),
+                (blocks(w.rows, MMV_WARPS * rpw), 1, 1),
                 32 * MMV_WARPS,
                 0,
                 &[
@@ -306,6 +310,7 @@ impl Cuda {
                     Arg::Ptr(x),
                     i32_of(n),
                     Arg::Ptr(y),
+                    Arg::I32(rpw as i32),
                 ],
             );
         }
@@ -370,9 +375,10 @@ impl Cuda {
         y: u64,
     ) -> Result<(), CudaError> {
         let f = &self.kernels(w.ty)?.mmv_id;
+        let rpw = rows_per_warp(w.rows * pairs);
         self.gpu.launch(
             f,
-            (blocks(w.rows, MMV_WARPS), pairs as u32, 1),
+            (blocks(w.rows, MMV_WARPS * rpw), pairs as u32, 1),
             32 * MMV_WARPS,
             0,
             &[
@@ -385,6 +391,50 @@ impl Cuda {
                 Arg::Ptr(x),
                 i32_of(x_div),
                 Arg::Ptr(y),
+                Arg::I32(rpw as i32),
+            ],
+        )
+    }
+
+    /// For each pair `p < pairs`: `g[p] = act(G_{ids[p]} x[p / x_div]) * U_{ids[p]} x[p / x_div]`
+    /// (the gated half of a mixture-of-experts FFN in decode), in one kernel when gate and up
+    /// share a layout; `u` is scratch for the other way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_id_glu(
+        &mut self,
+        [gate, up]: [&DevMatrix; 2],
+        ids: u64,
+        x: u64,
+        x_div: usize,
+        pairs: usize,
+        [g, u]: [u64; 2],
+        gelu: bool,
+    ) -> Result<(), CudaError> {
+        if gate.ty != up.ty || gate.row_bytes != up.row_bytes || gate.rows != up.rows {
+            self.matmul_id(gate, ids, x, x_div, pairs, g)?;
+            self.matmul_id(up, ids, x, x_div, pairs, u)?;
+            return self.glu(g, u, pairs * gate.rows, gelu);
+        }
+        let f = &self.kernels(gate.ty)?.mmv_id_glu;
+        let rpw = rows_per_warp(gate.rows * pairs);
+        self.gpu.launch(
+            f,
+            (blocks(gate.rows, MMV_WARPS * rpw), pairs as u32, 1),
+            32 * MMV_WARPS,
+            0,
+            &[
+                Arg::Ptr(gate.buf.ptr()),
+                Arg::Ptr(up.buf.ptr()),
+                Arg::I64(gate.row_bytes as i64),
+                Arg::I64(gate.expert_bytes() as i64),
+                i32_of(gate.k),
+                i32_of(gate.rows),
+                Arg::Ptr(ids),
+                Arg::Ptr(x),
+                i32_of(x_div),
+                Arg::I32(gelu as i32),
+                Arg::Ptr(g),
+                Arg::I32(rpw as i32),
             ],
         )
     }
