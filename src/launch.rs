@@ -21,7 +21,7 @@ use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, CardExperts, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
-use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanRequest};
+use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanError, PlanRequest};
 use crate::server::{
     ChatRenderer, ModelInfo, Reply, ReplyStream, Server, ServerParams, TaskParams,
 };
@@ -31,6 +31,8 @@ use crate::tokenizer::{Vocab, VocabType};
 /// Why the process could not start serving: each names what failed.
 #[derive(Debug)]
 pub enum LaunchError {
+    /// A value refused as upstream refuses it while parsing, in its words (printed as is).
+    Argument(String),
     NoModel,
     Hub(String),
     Model(String),
@@ -44,6 +46,7 @@ pub enum LaunchError {
 impl fmt::Display for LaunchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            LaunchError::Argument(e) => f.write_str(e),
             LaunchError::NoModel => {
                 f.write_str("no model given: use -m FILE, -hf USER/REPO[:QUANT] or -mu URL")
             }
@@ -163,6 +166,52 @@ fn host_from_meminfo(text: &str) -> Result<placement::DeviceInfo, String> {
     })
 }
 
+/// The cards as the planner sees them.
+fn planner_devices(cards: &[cuda::DeviceInfo]) -> Vec<placement::DeviceInfo> {
+    cards
+        .iter()
+        .map(|c| placement::DeviceInfo {
+            name: c.name.clone(),
+            free_bytes: c.free_bytes as u64,
+            total_bytes: c.total_bytes as u64,
+        })
+        .collect()
+}
+
+/// `-dev` and `-ot` device names checked against `cards` before anything is fetched or read.
+/// An unknown name is refused as upstream refuses it while parsing (its argument error, and
+/// for `-ot` the list of buffer types on standard output first); other faults are left to the
+/// planner, which words them.
+fn check_device_names(
+    intent: &PlacementIntent,
+    cards: &[cuda::DeviceInfo],
+) -> Result<(), LaunchError> {
+    let devices = planner_devices(cards);
+    let (source, why) = match placement::check_device_names(intent, &devices) {
+        Err(PlanError::UnknownDevice(name)) => {
+            (&intent.devices.source, format!("invalid device: {name}"))
+        }
+        Err(PlanError::UnknownBufferType { known, .. }) => {
+            let mut listed = known;
+            listed.sort();
+            println!("Available buffer types:");
+            for name in &listed {
+                println!("  {name}");
+            }
+            (
+                &intent.override_tensor.source,
+                "unknown buffer type".to_string(),
+            )
+        }
+        Err(e) => return Err(LaunchError::Placement(e.to_string())),
+        Ok(()) => return Ok(()),
+    };
+    Err(crate::cli::parse::refusal_for(source, &why).map_or_else(
+        || LaunchError::Placement(why.clone()),
+        LaunchError::Argument,
+    ))
+}
+
 /// Plans the model over `cards` and `host`; a plan that cannot fit is refused with the
 /// planner's message, which names the pool and every term.
 pub fn plan_placement(
@@ -172,18 +221,10 @@ pub fn plan_placement(
     cards: &[cuda::DeviceInfo],
     host: &placement::DeviceInfo,
 ) -> Result<Plan, LaunchError> {
-    let devices: Vec<placement::DeviceInfo> = cards
-        .iter()
-        .map(|c| placement::DeviceInfo {
-            name: c.name.clone(),
-            free_bytes: c.free_bytes as u64,
-            total_bytes: c.total_bytes as u64,
-        })
-        .collect();
     placement::plan(&PlanRequest {
         intent,
         inventory,
-        devices: &devices,
+        devices: &planner_devices(cards),
         host,
         context: context_request(cfg),
         heat: None,
@@ -649,6 +690,11 @@ fn init_logging(cfg: &Config) {
 /// Loads the model and serves until a stop signal.
 pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     init_logging(&cfg);
+    let cards = cuda::device::list().unwrap_or_else(|e| {
+        log::warn!("no CUDA card can be used ({e}); serving on the CPU");
+        Vec::new()
+    });
+    check_device_names(&intent, &cards)?;
     let path = resolve_model(&cfg)?;
     // Refuse a bad file, or a model that does not fit, by name before binding the port.
     let mut gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
@@ -657,10 +703,6 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     // the overrides are in the metadata now; applying them again would warn twice
     let inventory =
         Inventory::from_gguf(&gguf, &[]).map_err(|e| LaunchError::Model(e.to_string()))?;
-    let cards = cuda::device::list().unwrap_or_else(|e| {
-        log::warn!("no CUDA card can be used ({e}); serving on the CPU");
-        Vec::new()
-    });
     let plan = plan_placement(&cfg, &intent, &inventory, &cards, &host_memory()?)?;
     log::info!("{}", plan.to_string().trim_end());
     let n_ctx_train = inventory.n_ctx_train as usize;

@@ -22,6 +22,10 @@ fn main() -> ExitCode {
     }
     match bloomery::launch::serve(parsed.config, parsed.placement) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(bloomery::launch::LaunchError::Argument(refusal)) => {
+            eprintln!("{refusal}");
+            ExitCode::from(cli::Failure::EXIT_CODE)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

@@ -148,6 +148,18 @@ fn refusals_match_upstream_binary() {
         (&[], &[("LLAMA_ARG_DRAFT_MAX", "4")]),
         (&[], &[("LLAMA_ARG_N_GPU_LAYERS", "lots")]),
         (&["-ngl", "3", "--nope"], &[("LLAMA_ARG_N_GPU_LAYERS", "5")]),
+        // device names: refused before the (missing) model is looked at
+        (&["-m", "/nonexistent/m.gguf", "-dev", "CUDA7"], &[]),
+        (&["-m", "/nonexistent/m.gguf", "--device", "CUDA7"], &[]),
+        (&["-m", "/nonexistent/m.gguf", "-ot", "exps=CUDA9"], &[]),
+        (
+            &["-m", "/nonexistent/m.gguf"],
+            &[("LLAMA_ARG_DEVICE", "CUDA7")],
+        ),
+        (
+            &["-m", "/nonexistent/m.gguf"],
+            &[("LLAMA_ARG_OVERRIDE_TENSOR", "exps=CUDA9")],
+        ),
     ];
     for (args, env) in cases {
         let theirs = run(&up, args, env);
@@ -168,9 +180,11 @@ fn refusals_match_upstream_binary() {
     let empty = std::env::temp_dir().join(format!("bloomery-cli-cache-{}", std::process::id()));
     std::fs::create_dir_all(&empty).expect("temp dir");
     let cache = empty.to_string_lossy().into_owned();
-    let listings: [Case; 2] = [
+    let listings: [Case; 3] = [
         (&["--list-devices"], &[]),
         (&["-cl"], &[("LLAMA_CACHE", &cache)]),
+        // the buffer types upstream lists before refusing an unknown one
+        (&["-m", "/nonexistent/m.gguf", "-ot", "exps=CUDA9"], &[]),
     ];
     for (args, env) in listings {
         let theirs = run(&up, args, env);

@@ -362,6 +362,26 @@ pub fn parse_process() -> Result<Parsed, Failure> {
     parse(&args, &|name| std::env::var(name).ok())
 }
 
+/// A value that upstream refuses while parsing but bloomery can only check once it knows the
+/// devices (`-dev` or `-ot` naming a device there is not), refused with upstream's text for
+/// the option or variable it came from: `source`, and `why` as upstream words it. A value from a
+/// config file has no upstream text of its own and gets `None`.
+pub fn refusal_for(source: &Source, why: &str) -> Option<String> {
+    match source {
+        Source::Flag(spelling) => {
+            let opt = all_options().find(|o| o.spellings().any(|s| s == spelling))?;
+            Some(format!(
+                "error while handling argument \"{spelling}\": {why}\n\nusage:\n{}\n\nto show complete usage, run with -h",
+                docs::option_usage(opt)
+            ))
+        }
+        Source::Env(var) => Some(format!(
+            "error while handling environment variable \"{var}\": {why}\n\n"
+        )),
+        Source::Default | Source::File(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,16 @@ pub struct DeviceInfo {
     pub total_bytes: u64,
 }
 
+/// The device names the intent gives (`-dev`, `-ot` buffer types), checked against `devices` as
+/// upstream checks them while parsing its arguments: before a model is fetched or read.
+pub fn check_device_names(
+    intent: &PlacementIntent,
+    devices: &[DeviceInfo],
+) -> Result<(), PlanError> {
+    layout::select_devices(intent, devices)?;
+    layout::user_overrides(intent, devices).map(|_| ())
+}
+
 /// The context the KV cache is sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContextRequest {
