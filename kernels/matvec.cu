@@ -5,6 +5,59 @@
 #define MMV_MAX 8
 #define MMV_WARPS 4
 
+// Decode products over Q4_K and Q8_0 weights read their input quantized to 8 bits per value (as
+// upstream's mmvq does): each row of x becomes k signed bytes, then per 32 values the scale d
+// and d times the sum of the 32 bytes, the row padded to 16 bytes. Integer dot products of the
+// weights' 4-bit values with those bytes replace dequantizing every weight to f32, which left
+// the products bound by each lane's chain of instructions.
+__host__ __device__ __forceinline__ int xq_stride(int k) { return (k + k / 4 + 15) & ~15; }
+
+// One warp per 32 values of a row: lane l holds value l.
+extern "C" __global__ void quantize_x(const float* x, int k, int rows, u8* out) {
+    const int chunk = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int r = blockIdx.y, lane = threadIdx.x % WARP;
+    if (chunk >= k / 32 || r >= rows) return;
+    const float v = x[(i64)r * k + 32 * chunk + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int)rintf(v / d);
+    u8* row = out + (i64)r * xq_stride(k);
+    row[32 * chunk + lane] = (u8)(signed char)q;
+    const float sum = warp_sum((float)q);
+    if (lane == 0) ((float2*)(row + k))[chunk] = make_float2(d, d * sum);
+}
+
+// Whether decode products over TY read quantized input.
+template <int TY>
+__device__ __forceinline__ constexpr bool reads_q8() {
+    return TY == T_Q4_K || TY == T_Q8_0;
+}
+
+// Chunk c (32 values) of the blocks at `blocks` (shared memory; Q4_K blocks 4-byte aligned,
+// Q8_0 blocks 2-byte aligned) times the quantized x chunk `xq` with its (scale, scaled sum).
+template <int TY>
+__device__ __forceinline__ float dot_q8(const u8* blocks, int c, const int* xq, float2 ds) {
+    int dot = 0;
+    if constexpr (TY == T_Q4_K) {
+        const u8* b = blocks + (c / 8) * 144;
+        const int j = c % 8;
+        const u32 dd = *(const u32*)b;
+        int sc, m;
+        scale_min_k4(j, b + 4, &sc, &m);
+        const u32* q = (const u32*)(b + 16 + 32 * (j / 2));
+        const int sh = 4 * (j % 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) dot = __dp4a((int)((q[i] >> sh) & 0x0F0F0F0Fu), xq[i], dot);
+        return h2f(dd & 0xFFFF) * sc * ds.x * (float)dot - h2f(dd >> 16) * m * ds.y;
+    } else {
+        const u16* h = (const u16*)(blocks + c * 34);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            dot = __dp4a((int)(h[1 + 2 * i] | ((u32)h[2 + 2 * i] << 16)), xq[i], dot);
+        return h2f(h[0]) * ds.x * (float)dot;
+    }
+}
+
 // Words of shared memory one warp needs to stage 32 chunks (one pass) of type TY.
 template <int TY>
 struct Stage {
@@ -111,6 +164,25 @@ __device__ __forceinline__ void mmv_warp(int j0, int j1, int k, int ncols, i64 x
         const int j = j0 + t / per_item, m = t % per_item / ns;
         const float* x = xrow(j);
         for (int c = lane; c < n; c += WARP) {
+            if constexpr (reads_q8<TY>()) {
+                // x holds quantized rows (see quantize_x), x_stride bytes apart
+#pragma unroll
+                for (int col = 0; col < MMV_MAX; col++) {
+                    if (col < ncols) {
+                        const u8* xr = (const u8*)x + col * x_stride;
+                        const int cx = c0 + c;
+                        const int4* xv = (const int4*)(xr + 32 * cx);
+                        const int4 a = xv[0], b2 = xv[1];
+                        const int xq[8] = {a.x, a.y, a.z, a.w, b2.x, b2.y, b2.z, b2.w};
+                        const float2 ds = ((const float2*)(xr + k))[cx];
+                        const float s = dot_q8<TY>(blocks, c, xq, ds);
+#pragma unroll
+                        for (int mm = 0; mm < M; mm++)
+                            if (mm == m) acc[mm][col] += s;
+                    }
+                }
+                continue;
+            }
             float v[32];
             deq<TY>(blocks, c, v);
 #pragma unroll
@@ -146,6 +218,13 @@ __device__ __forceinline__ void mmv_warp(int j0, int j1, int k, int ncols, i64 x
     }
 }
 
+// Row i of the products' input: f32 rows of k values, or quantized rows (reads_q8).
+template <int TY>
+__device__ __forceinline__ const float* x_row(const float* x, int i, int k) {
+    if constexpr (reads_q8<TY>()) return (const float*)((const u8*)x + (i64)i * xq_stride(k));
+    return x + (i64)i * k;
+}
+
 // This warp's rows: `rpw` consecutive rows from (block, warp).
 __device__ __forceinline__ int warp_row0(int rpw) {
     return (blockIdx.x * MMV_WARPS + threadIdx.x / WARP) * rpw;
@@ -156,8 +235,11 @@ __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int 
                                          const float* x, int ncols, float* y, int rpw) {
     __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int r0 = warp_row0(rpw);
+    // quantized input (quantize_x) has rows xq_stride(k) bytes apart
+    const i64 x_stride = reads_q8<TY>() ? xq_stride(k) : k;
     mmv_warp<TY, 1>(
-        r0, min(r0 + rpw, nrows), k, ncols, k, [&](int r, int) { return W + r * row_bytes; },
+        r0, min(r0 + rpw, nrows), k, ncols, x_stride,
+        [&](int r, int) { return W + r * row_bytes; },
         [&](int) { return x; },
         [&](int r, float (*s)[MMV_MAX]) {
             for (int col = 0; col < ncols; col++) y[(i64)col * nrows + r] = s[0][col];
@@ -177,7 +259,7 @@ __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expe
     const int id = ids[p];
     if (id < 0) return;
     const u8* we = W + (i64)id * expert_bytes;
-    const float* xp = x + (i64)(p / x_div) * k;
+    const float* xp = x_row<TY>(x, p / x_div, k);
     const int r0 = warp_row0(rpw);
     mmv_warp<TY, 1>(
         r0, min(r0 + rpw, nrows), k, 1, k, [&](int r, int) { return we + r * row_bytes; },
@@ -198,7 +280,7 @@ __device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 ro
     const int id = ids[p];
     if (id < 0) return;
     const i64 e0 = (i64)id * expert_bytes;
-    const float* xp = x + (i64)(p / x_div) * k;
+    const float* xp = x_row<TY>(x, p / x_div, k);
     const int r0 = warp_row0(rpw);
     mmv_warp<TY, 2>(
         r0, min(r0 + rpw, nrows), k, 1, k,

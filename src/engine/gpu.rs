@@ -504,7 +504,7 @@ impl GpuModel {
         hp: Hparams,
         w: &Weights,
         params: &EngineParams,
-        cuda: Cuda,
+        mut cuda: Cuda,
     ) -> Result<GpuModel, EngineError> {
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
         let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
@@ -563,6 +563,10 @@ impl GpuModel {
         let ff = (nub * hp.n_ff)
             .max(nub * hp.n_ff_exp)
             .max(MMV_MAX * k_used * hp.n_ff_exp);
+        // the decode products' quantized input, sized now: graphs are captured with it
+        let xq = Cuda::quantized_x_bytes(MMV_MAX, e.max(na).max(hp.n_ff))
+            .max(Cuda::quantized_x_bytes(MMV_MAX * k_used, hp.n_ff_exp));
+        cuda.buf(Buf::Xq, xq)?;
         let f = |n: usize| cuda.gpu.alloc(n * 4);
         let s = Scratch {
             x: f(nub * e)?,

@@ -7,6 +7,7 @@ use super::device::CudaError;
 use super::ops::{Cuda, TYPES};
 use crate::model::quants::{dequantize, f16_to_f32, f32_to_f16};
 use crate::model::synthetic::random_blocks;
+use crate::model::GgmlType;
 
 /// One check's outcome.
 #[derive(Debug, Clone)]
@@ -136,6 +137,27 @@ pub fn ref_attend(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32)
     out
 }
 
+/// The input a decode product over `ty` weights computes with: for Q4_K and Q8_0, `x` rounded
+/// to 8 bits per value with one f32 scale per 32 values (`quantize_x` in kernels/matvec.cu),
+/// else `x`.
+fn product_x(ty: GgmlType, x: &[f32]) -> Vec<f32> {
+    if !matches!(ty, GgmlType::Q4K | GgmlType::Q8_0) {
+        return x.to_vec();
+    }
+    x.chunks(32)
+        .flat_map(|c| {
+            let d = c.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            c.iter().map(move |&v| {
+                if d == 0.0 {
+                    0.0
+                } else {
+                    (v / d).round_ties_even() * d
+                }
+            })
+        })
+        .collect()
+}
+
 /// act(g) * u: SiLU, or GELU's tanh form.
 fn ref_glu(g: f64, u: f64, gelu: bool) -> f64 {
     let act = if gelu {
@@ -222,9 +244,14 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
             let xd = up(c, &x)?;
             let y = poisoned(c, n * rows)?;
             c.matmul(&mat, 1, xd.ptr(), n, y.ptr())?;
+            let xp = if n <= super::ops::MMV_MAX {
+                product_x(ty, &x)
+            } else {
+                x.clone()
+            };
             out.push(Outcome {
                 name: format!("matmul {name} n={n}"),
-                rel_err: rel_err(&down(c, y.ptr(), n * rows)?, &matvec_ref(we, k, &x)),
+                rel_err: rel_err(&down(c, y.ptr(), n * rows)?, &matvec_ref(we, k, &xp)),
                 // f16 operands on the tensor-core path
                 limit: if n > super::ops::MMV_MAX { 3e-3 } else { 1e-5 },
             });
@@ -259,6 +286,7 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
         );
         c.gpu.upload(idd.ptr(), &eids)?;
         c.matmul_id(&mat, idd.ptr(), xd.ptr(), 1, pairs, y.ptr())?;
+        let x = product_x(ty, &x);
         let reference: Vec<f64> = eids
             .iter()
             .enumerate()

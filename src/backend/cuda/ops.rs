@@ -88,6 +88,7 @@ struct Fns {
     route: CudaFunction,
     moe_combine: CudaFunction,
     attn: CudaFunction,
+    quantize_x: CudaFunction,
 }
 
 /// How [`Cuda::move_rows`] uses its index list.
@@ -125,9 +126,11 @@ pub enum Buf {
     MoeOut,
     /// Outputs of the experts the host computed, on their way into the step's expert outputs.
     HostOut,
+    /// Decode products' input quantized to 8 bits (for Q4_K and Q8_0 weights; `quantize_x`).
+    Xq,
 }
 
-const N_BUF: usize = 9;
+const N_BUF: usize = 10;
 
 /// A card with its kernels loaded and the scratch that cuBLAS products read.
 pub struct Cuda {
@@ -195,6 +198,7 @@ impl Cuda {
             route: gpu.function("route")?,
             moe_combine: gpu.function("moe_combine")?,
             attn: gpu.function("attn_f16")?,
+            quantize_x: gpu.function("quantize_x")?,
         };
         let scratch = (0..N_BUF).map(|_| gpu.alloc(0)).collect::<Result<_, _>>()?;
         Ok(Cuda {
@@ -265,6 +269,31 @@ impl Cuda {
         Ok(self.scratch[i].ptr())
     }
 
+    /// Bytes of `rows` rows of `k` values quantized for the decode products (`xq_stride` in
+    /// kernels/matvec.cu).
+    pub fn quantized_x_bytes(rows: usize, k: usize) -> usize {
+        rows * ((k + k / 4 + 15) & !15)
+    }
+
+    /// The input of a decode product over `w`: `x` itself, or for Q4_K and Q8_0 weights its
+    /// `rows` rows quantized into [`Buf::Xq`] (which must already be large enough when a graph
+    /// is being captured: the engine sizes it at load).
+    fn product_input(&mut self, w: &DevMatrix, x: u64, rows: usize) -> Result<u64, CudaError> {
+        if !matches!(w.ty, GgmlType::Q4K | GgmlType::Q8_0) {
+            return Ok(x);
+        }
+        let out = self.buf(Buf::Xq, Self::quantized_x_bytes(rows, w.k))?;
+        let chunks = (w.k / 32) as u32;
+        self.gpu.launch(
+            &self.f.quantize_x,
+            (chunks.div_ceil(4), rows as u32, 1),
+            128,
+            0,
+            &[Arg::Ptr(x), i32_of(w.k), i32_of(rows), Arg::Ptr(out)],
+        )?;
+        Ok(out)
+    }
+
     /// Dequantizes `rows` rows of `w` starting at byte `base` to f16 in [`Buf::W16`] (f16
     /// weights are read in place).
     fn weights_f16(&mut self, w: &DevMatrix, base: u64, rows: usize) -> Result<u64, CudaError> {
@@ -295,6 +324,7 @@ impl Cuda {
     ) -> Result<(), CudaError> {
         let base = w.buf.at(expert * w.expert_bytes());
         if n <= MMV_MAX {
+            let x = self.product_input(w, x, n)?;
             let f = &self.kernels(w.ty)?.mmv;
             let rpw = rows_per_warp(w.rows);
             return self.gpu.launch(
@@ -366,7 +396,7 @@ impl Cuda {
 
     /// For each pair `p < pairs`: `y[p] = W_{ids[p]} x[p / x_div]` (mixture-of-experts decode).
     pub fn matmul_id(
-        &self,
+        &mut self,
         w: &DevMatrix,
         ids: u64,
         x: u64,
@@ -374,6 +404,7 @@ impl Cuda {
         pairs: usize,
         y: u64,
     ) -> Result<(), CudaError> {
+        let x = self.product_input(w, x, pairs.div_ceil(x_div))?;
         let f = &self.kernels(w.ty)?.mmv_id;
         let rpw = rows_per_warp(w.rows * pairs);
         self.gpu.launch(
@@ -415,6 +446,7 @@ impl Cuda {
             self.matmul_id(up, ids, x, x_div, pairs, u)?;
             return self.glu(g, u, pairs * gate.rows, gelu);
         }
+        let x = self.product_input(gate, x, pairs.div_ceil(x_div))?;
         let f = &self.kernels(gate.ty)?.mmv_id_glu;
         let rpw = rows_per_warp(gate.rows * pairs);
         self.gpu.launch(
