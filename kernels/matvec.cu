@@ -58,32 +58,6 @@ __device__ __forceinline__ float dot_q8(const u8* blocks, int c, const int* xq, 
     }
 }
 
-// Words of shared memory one warp needs to stage 32 chunks (one pass) of type TY.
-template <int TY>
-struct Stage {
-    static const int per = Fmt<TY>::elems / 32;  // chunks per block
-    static const int words = (WARP / per * Fmt<TY>::bytes + 3) / 4 + 1;
-};
-
-// Copies the blocks holding chunks [c0, c0 + n) of the packed rows at `w` (c0 a multiple of 32,
-// so a block boundary) into this warp's `stage` with coalesced 4-byte loads, and returns where
-// the first of those blocks starts there: chunk c0 + i is then chunk i of the result. Every
-// lane must call it. The last word read may run up to 3 bytes past the final block, inside the
-// same 4-byte word of the allocation.
-template <int TY>
-__device__ __forceinline__ const u8* stage_chunks(const u8* w, i64 c0, int n, u32* stage) {
-    const int per = Stage<TY>::per;
-    const u8* src = w + (c0 / per) * Fmt<TY>::bytes;
-    const int bytes = (n + per - 1) / per * Fmt<TY>::bytes;
-    const int o = (int)((unsigned long long)src & 3);
-    const u32* s = (const u32*)(src - o);
-    const int words = (o + bytes + 3) / 4;
-    __syncwarp();
-    for (int i = threadIdx.x % WARP; i < words; i += WARP) stage[i] = s[i];
-    __syncwarp();
-    return (const u8*)stage + o;
-}
-
 // The products read weights in spans: up to `chunks` 32-element chunks of one row (about 2 KiB
 // of blocks, so the rows of most matrices are one span), copied into shared memory with
 // asynchronous 16-byte copies while the warp computes the span before.
@@ -292,30 +266,27 @@ __device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 ro
         buf[threadIdx.x / WARP]);
 }
 
-// Each thread dequantizes one 32-element chunk; chunks enumerate the output in order (rows are
-// packed, so they also enumerate the blocks in order). A warp's 32 chunks are read through
-// `stage_chunks`, and their 2 KiB of contiguous f16 are staged in shared memory and written
-// with 16-byte stores (writing each thread's 32 halves directly scatters every store over 32
-// segments). Blocks are 128 threads.
+// Each thread dequantizes one 32-element chunk; chunks enumerate the output in order, so a
+// warp's 32 chunks are 2 KiB of contiguous f16, staged in shared memory and written with 16-byte
+// stores (writing each thread's 32 halves directly scatters every store over 32 segments).
+// Blocks are 128 threads.
 template <int TY>
-__device__ __forceinline__ void deq_f16_impl(const u8* W, int k, int nrows, u16* out) {
-    __shared__ __align__(16) u16 staged[4][32 * 32];
-    __shared__ u32 stage[4][Stage<TY>::words];
+__device__ __forceinline__ void deq_f16_impl(const u8* W, i64 row_bytes, int k, int nrows,
+                                             u16* out) {
+    __shared__ __align__(16) u16 stage[4][32 * 32];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-    const i64 total = (i64)nrows * (k / 32);
-    const i64 t0 = t - lane;
-    if (t0 >= total) return;
-    const int n = (int)min((i64)WARP, total - t0);
-    const u8* blocks = stage_chunks<TY>(W, t0, n, stage[warp]);
-    if (lane < n) {
+    const int per = k / 32;
+    const i64 total = (i64)nrows * per;
+    if (t < total) {
         float v[32];
-        deq<TY>(blocks, lane, v);
+        deq<TY>(W + (t / per) * row_bytes, (int)(t % per), v);
 #pragma unroll
-        for (int l = 0; l < 32; l++) staged[warp][lane * 32 + l] = f2h(v[l]);
+        for (int l = 0; l < 32; l++) stage[warp][lane * 32 + l] = f2h(v[l]);
     }
     __syncwarp();
-    const uint4* src = (const uint4*)staged[warp];
+    const i64 t0 = t - lane;
+    const uint4* src = (const uint4*)stage[warp];
     uint4* dst = (uint4*)(out + 32 * t0);
 #pragma unroll
     for (int i = lane; i < 128; i += WARP)
@@ -352,8 +323,9 @@ __device__ __forceinline__ void get_rows_impl(const u8* W, i64 row_bytes, int k,
         mmv_id_glu_impl<TY>(G, U, row_bytes, expert_bytes, k, nrows, ids, x, x_div, gelu, y,    \
                             rpw);                                                               \
     }                                                                                           \
-    extern "C" __global__ void deq_f16_##NAME(const u8* W, int k, int nrows, u16* out) {       \
-        deq_f16_impl<TY>(W, k, nrows, out);                                                     \
+    extern "C" __global__ void deq_f16_##NAME(const u8* W, i64 row_bytes, int k, int nrows,     \
+                                              u16* out) {                                       \
+        deq_f16_impl<TY>(W, row_bytes, k, nrows, out);                                          \
     }                                                                                           \
     extern "C" __global__ void get_rows_##NAME(const u8* W, i64 row_bytes, int k,               \
                                                const int* ids, float* out) {                    \

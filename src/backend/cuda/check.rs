@@ -141,7 +141,7 @@ pub fn ref_attend(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32)
 /// to 8 bits per value with one f32 scale per 32 values (`quantize_x` in kernels/matvec.cu),
 /// else `x`.
 fn product_x(ty: GgmlType, x: &[f32]) -> Vec<f32> {
-    if !matches!(ty, GgmlType::Q4K | GgmlType::Q8_0) {
+    if !super::ops::reads_q8(ty) {
         return x.to_vec();
     }
     x.chunks(32)

@@ -144,6 +144,12 @@ fn blocks(n: usize, per: u32) -> u32 {
     n.div_ceil(per as usize) as u32
 }
 
+/// Whether decode products over `ty` weights read their input quantized to 8 bits per 32 values
+/// (`reads_q8` in kernels/matvec.cu).
+pub fn reads_q8(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4K | GgmlType::Q8_0)
+}
+
 /// Rows each warp of a matrix-vector product takes for `rows` rows in all: enough warps to keep
 /// every multiprocessor's copies in flight (about 2048), and otherwise several rows per warp so
 /// the next row's weights are copied while one is computed.
@@ -279,7 +285,7 @@ impl Cuda {
     /// `rows` rows quantized into [`Buf::Xq`] (which must already be large enough when a graph
     /// is being captured: the engine sizes it at load).
     fn product_input(&mut self, w: &DevMatrix, x: u64, rows: usize) -> Result<u64, CudaError> {
-        if !matches!(w.ty, GgmlType::Q4K | GgmlType::Q8_0) {
+        if !reads_q8(w.ty) {
             return Ok(x);
         }
         let out = self.buf(Buf::Xq, Self::quantized_x_bytes(rows, w.k))?;
@@ -308,7 +314,13 @@ impl Cuda {
             (blocks(chunks, 128), 1, 1),
             128,
             0,
-            &[Arg::Ptr(base), i32_of(w.k), i32_of(rows), Arg::Ptr(a)],
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                i32_of(w.k),
+                i32_of(rows),
+                Arg::Ptr(a),
+            ],
         )?;
         Ok(a)
     }
