@@ -8,6 +8,7 @@ pub mod backend;
 pub mod chat;
 pub mod cli;
 pub mod engine;
+pub mod grammar;
 pub mod hub;
 pub mod launch;
 pub mod model;

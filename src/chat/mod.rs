@@ -9,6 +9,7 @@
 mod caps;
 mod clock;
 mod jinja;
+pub mod legacy;
 mod output;
 mod template;
 

@@ -1,0 +1,1 @@
+//! The built-in chat formats used when Jinja is off (`--no-jinja`).

@@ -1,0 +1,1 @@
+//! JSON schemas turned into GBNF grammars, producing the same rules upstream's converter does.
