@@ -1,7 +1,7 @@
 //! The typed results of parsing: `Config` (everything but placement) and `PlacementIntent` (what
 //! the planner reads). Plain data with pub fields; defaults are upstream b11434's server defaults.
 
-use crate::sampling::{SamplerType, SamplingParams};
+use crate::sampling::{GrammarOrigin, GrammarSource, SamplerType, SamplingParams};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -475,7 +475,7 @@ impl Default for Serve {
 pub enum Grammar {
     /// GBNF text.
     Gbnf(String),
-    /// A JSON schema (already checked to be JSON).
+    /// GBNF converted from a JSON schema (`--json-schema`, `--json-schema-file`).
     JsonSchema(String),
 }
 
@@ -623,6 +623,17 @@ impl SamplingDefaults {
                 .iter()
                 .filter_map(|&(t, b)| u32::try_from(t).ok().map(|t| (t, b)))
                 .collect(),
+            grammar: match &self.grammar {
+                Some(Grammar::Gbnf(text)) => Some(GrammarSource {
+                    text: text.clone(),
+                    origin: GrammarOrigin::User,
+                }),
+                Some(Grammar::JsonSchema(text)) => Some(GrammarSource {
+                    text: text.clone(),
+                    origin: GrammarOrigin::Schema,
+                }),
+                None => None,
+            },
         }
     }
 }

@@ -10,7 +10,7 @@ use super::config::{
 use super::parse::{Exit, Parsed};
 use super::values::{
     csv_row, is_falsey, is_truthy, parse_json, parse_size, parse_tristate, read_text_file,
-    split_list, stof, stoi, stoull, strict_f64, trimmed_items, Applied, Refusal,
+    schema_grammar, split_list, stof, stoi, stoull, strict_f64, trimmed_items, Applied, Refusal,
 };
 use crate::model::KvOverride;
 use crate::sampling::SamplerType;
@@ -429,7 +429,6 @@ const MULTIMODAL: &str = "multimodal input";
 const AGENT: &str = "built-in agent tools and MCP";
 const ROUTER: &str = "router mode (several models)";
 const EMBEDDINGS: &str = "embeddings and reranking";
-const GRAMMAR: &str = "grammar-constrained sampling";
 const LORA: &str = "LoRA adapters";
 const CONTROL_VECTORS: &str = "control vectors";
 
@@ -1067,26 +1066,19 @@ static SAMPLING: &[Opt] = &[
     text(&["--grammar"], "GRAMMAR", "GBNF grammar that generations must follow", |p, v| {
         p.config.sampling.grammar = Some(Grammar::Gbnf(v.into()));
         Ok(())
-    })
-    .pending(GRAMMAR),
+    }),
     text(&["--grammar-file"], "FNAME", "file holding a GBNF grammar", |p, v| {
         p.config.sampling.grammar = Some(Grammar::Gbnf(read_text_file(v)?));
         Ok(())
-    })
-    .pending(GRAMMAR),
+    }),
     text(&["-j", "--json-schema"], "SCHEMA", "JSON schema that generations must follow, e.g. `{\"type\": \"object\"}`", |p, v| {
-        parse_json(v)?;
-        p.config.sampling.grammar = Some(Grammar::JsonSchema(v.into()));
+        p.config.sampling.grammar = Some(Grammar::JsonSchema(schema_grammar(v)?));
         Ok(())
-    })
-    .pending(GRAMMAR),
+    }),
     text(&["-jf", "--json-schema-file"], "FILE", "file holding a JSON schema that generations must follow", |p, v| {
-        let schema = read_text_file(v)?;
-        parse_json(&schema)?;
-        p.config.sampling.grammar = Some(Grammar::JsonSchema(schema));
+        p.config.sampling.grammar = Some(Grammar::JsonSchema(schema_grammar(&read_text_file(v)?)?));
         Ok(())
-    })
-    .pending(GRAMMAR),
+    }),
     flag(&["-bs", "--backend-sampling"], "sample on the device (experimental) (default: disabled)", |p| {
         p.config.sampling.backend_sampling = true;
         Ok(())

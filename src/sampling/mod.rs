@@ -16,6 +16,36 @@ pub use stages::DryVocab;
 
 use stages::{Dist, Dry, Mirostat, MirostatV2, Penalties, Stage, Xtc};
 
+use std::sync::Arc;
+
+use crate::grammar::{GrammarState, TokenTexts};
+
+/// Where a grammar came from, which decides whether the template's generation prompt is fed
+/// through it before sampling (upstream prefills schema and tool-call grammars, never a user's
+/// GBNF).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrammarOrigin {
+    /// `grammar` / `--grammar`: GBNF from the user.
+    User,
+    /// Converted from `json_schema`, `response_format` or `--json-schema`.
+    Schema,
+    /// Built by a chat template's tool-call handling.
+    ToolCalls,
+}
+
+/// A GBNF grammar generations must follow.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrammarSource {
+    pub text: String,
+    pub origin: GrammarOrigin,
+}
+
+impl GrammarSource {
+    pub fn needs_prefill(&self) -> bool {
+        self.origin != GrammarOrigin::User
+    }
+}
+
 /// A configurable stage of the chain, named as upstream's `samplers` option names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SamplerType {
@@ -163,6 +193,8 @@ pub struct SamplingParams {
     pub samplers: Vec<SamplerType>,
     /// (token, bias) pairs; `-inf` bans a token.
     pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the output must follow, if any.
+    pub grammar: Option<GrammarSource>,
 }
 
 impl Default for SamplingParams {
@@ -207,6 +239,7 @@ impl Default for SamplingParams {
                 SamplerType::Temperature,
             ],
             logit_bias: Vec::new(),
+            grammar: None,
         }
     }
 }
@@ -223,10 +256,12 @@ impl std::fmt::Display for SamplingError {
 
 impl std::error::Error for SamplingError {}
 
-/// One request's sampler: the chain plus the history of accepted tokens.
+/// One request's sampler: the chain plus the history of accepted tokens, and the grammar state
+/// when the output is constrained.
 pub struct Sampler {
     stages: Vec<Stage>,
     candidates: Candidates,
+    grammar: Option<(GrammarState, Arc<TokenTexts>)>,
 }
 
 impl Sampler {
@@ -342,7 +377,38 @@ impl Sampler {
         Ok(Sampler {
             stages,
             candidates: Candidates::default(),
+            grammar: None,
         })
+    }
+
+    /// Constrains the output: from now on only tokens `state` allows are sampled, and
+    /// `accept_generated` advances it.
+    pub fn set_grammar(&mut self, state: GrammarState, texts: Arc<TokenTexts>) {
+        self.grammar = Some((state, texts));
+    }
+
+    /// Records a generated token: the grammar advances past it, then the chain's history.
+    pub fn accept_generated(&mut self, token: u32) -> Result<(), SamplingError> {
+        if let Some((state, texts)) = &mut self.grammar {
+            state
+                .accept(token, texts)
+                .map_err(|e| SamplingError(e.to_string()))?;
+        }
+        self.accept(token);
+        Ok(())
+    }
+
+    /// Feeds tokens the prompt already holds through the grammar only (the generation prompt
+    /// of a chat template, for grammars that expect it).
+    pub fn prefill_grammar(&mut self, tokens: &[u32]) -> Result<(), SamplingError> {
+        if let Some((state, texts)) = &mut self.grammar {
+            for &t in tokens {
+                state
+                    .accept(t, texts)
+                    .map_err(|e| SamplingError(e.to_string()))?;
+            }
+        }
+        Ok(())
     }
 
     /// Records a token into the history (prompt tokens with `is_generated = false`, as upstream
@@ -353,9 +419,30 @@ impl Sampler {
         }
     }
 
-    /// Runs the chain over one logits row and returns the selected token.
+    /// Runs the chain over one logits row and returns the selected token. With a grammar, as
+    /// upstream: the chain picks from all candidates first; only when the grammar refuses that
+    /// pick is the row masked by the grammar and the chain run again (its stages run twice, so
+    /// a seeded draw advances twice).
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
-        self.candidates = Candidates::from_logits(logits);
+        let picked = self.run_chain(Candidates::from_logits(logits))?;
+        let Some((state, texts)) = &self.grammar else {
+            return Ok(picked);
+        };
+        if state.allowed(&[picked], texts)[0] {
+            return Ok(picked);
+        }
+        let mut masked = Candidates::from_logits(logits);
+        let ids: Vec<u32> = masked.data.iter().map(|t| t.id).collect();
+        for (t, ok) in masked.data.iter_mut().zip(state.allowed(&ids, texts)) {
+            if !ok {
+                t.logit = f32::NEG_INFINITY;
+            }
+        }
+        self.run_chain(masked)
+    }
+
+    fn run_chain(&mut self, candidates: Candidates) -> Result<u32, SamplingError> {
+        self.candidates = candidates;
         for stage in &mut self.stages {
             stage.apply(&mut self.candidates);
         }

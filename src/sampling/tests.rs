@@ -3,6 +3,7 @@
 
 use super::stages::{Dist, Dry, Penalties, Stage, Xtc};
 use super::*;
+use crate::grammar::{GrammarState, TokenTexts};
 
 /// Token `i` is the single letter `'a' + i`.
 struct Letters(usize);
@@ -352,4 +353,48 @@ fn token_probabilities_put_the_best_first() {
     assert_eq!(probs[1].id, 2);
     let total: f32 = probs.iter().map(|t| t.p).sum();
     assert!((total - 1.0).abs() < 1e-6);
+}
+
+/// Tokens 0..4 are the letters `a`..`d`; token 4 ends generation.
+fn letter_texts() -> Arc<TokenTexts> {
+    Arc::new(TokenTexts::new(5, |t| vec![b'a' + t as u8], |t| t == 4))
+}
+
+fn greedy_with_grammar(src: &str) -> Sampler {
+    let params = SamplingParams {
+        temp: 0.0,
+        ..SamplingParams::default()
+    };
+    let mut s = Sampler::new(&params, 5, &Letters(5)).unwrap();
+    let g = crate::grammar::Grammar::new(src, "root", None).unwrap();
+    s.set_grammar(GrammarState::new(g), letter_texts());
+    s
+}
+
+#[test]
+fn a_grammar_overrides_the_chains_pick_and_then_allows_the_end() {
+    let mut s = greedy_with_grammar("root ::= [bc] \"d\"\n");
+    // `a` is likeliest but the grammar wants `b` or `c`: the masked rerun picks `c`.
+    let logits = [5.0, 1.0, 2.0, 0.0, 9.0];
+    assert_eq!(s.sample(&logits).unwrap(), 2);
+    s.accept_generated(2).unwrap();
+    assert_eq!(s.sample(&logits).unwrap(), 3);
+    s.accept_generated(3).unwrap();
+    // Complete: only the end token is left.
+    assert_eq!(s.sample(&[9.0, 9.0, 9.0, 9.0, 0.0]).unwrap(), 4);
+    s.accept_generated(4).unwrap();
+}
+
+#[test]
+fn a_token_the_grammar_refuses_is_an_error_not_a_panic() {
+    let mut s = greedy_with_grammar("root ::= \"a\"\n");
+    assert!(s.accept_generated(1).is_err());
+    assert!(s.accept_generated(4).is_err(), "the grammar cannot end yet");
+}
+
+#[test]
+fn the_generation_prompt_is_fed_through_the_grammar() {
+    let mut s = greedy_with_grammar("root ::= \"ab\" [cd]\n");
+    s.prefill_grammar(&[0, 1]).unwrap();
+    assert_eq!(s.sample(&[9.0, 9.0, 1.0, 2.0, 0.0]).unwrap(), 3);
 }

@@ -77,6 +77,101 @@ pub struct ReplyParsing {
     pub prompt: String,
     pub reasoning_format: String,
     pub parse_tools: bool,
+    /// The request asked for a JSON response (`response_format`, `json_schema`): the content is
+    /// the JSON value alone, without the whitespace or ```json fence the grammar allows around it.
+    pub json_reply: bool,
+}
+
+/// The content of a reply constrained to a JSON response, as upstream's chat parser extracts
+/// it: leading whitespace and an opening ```json fence are dropped; once the value is complete,
+/// nothing after it counts (whitespace, the closing fence). While the value is still open,
+/// everything so far is content.
+pub fn json_reply_content(text: &str) -> &str {
+    let mut rest = text.trim_start();
+    if let Some(fenced) = rest.strip_prefix("```json") {
+        rest = fenced.trim_start();
+    }
+    &rest[..json_value_end(rest).unwrap_or(rest.len())]
+}
+
+/// Where the JSON value at the start of `text` ends, when it is complete. A bare number or
+/// literal ends at the first character that cannot continue it.
+fn json_value_end(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    match bytes.first()? {
+        b'{' | b'[' | b'"' => {
+            let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+            for (i, &b) in bytes.iter().enumerate() {
+                if in_string {
+                    match b {
+                        _ if escaped => escaped = false,
+                        b'\\' => escaped = true,
+                        b'"' => {
+                            in_string = false;
+                            if depth == 0 {
+                                return Some(i + 1);
+                            }
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+                match b {
+                    b'"' => in_string = true,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            None
+        }
+        _ => bytes
+            .iter()
+            .position(|b| b.is_ascii_whitespace() || *b == b'`'),
+    }
+}
+
+/// Streams a JSON reply's content (see `json_reply_content`) as it grows.
+pub struct JsonReplyStream {
+    text: String,
+    sent: usize,
+}
+
+impl JsonReplyStream {
+    pub fn new() -> Self {
+        JsonReplyStream {
+            text: String::new(),
+            sent: 0,
+        }
+    }
+}
+
+impl Default for JsonReplyStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReplyStream for JsonReplyStream {
+    fn push(&mut self, piece: &str) -> Vec<Value> {
+        self.text.push_str(piece);
+        let content = json_reply_content(&self.text);
+        if content.len() <= self.sent {
+            return Vec::new();
+        }
+        let delta = content[self.sent..].to_string();
+        self.sent = content.len();
+        vec![json!({ "content": delta })]
+    }
+
+    fn finish(self: Box<Self>) -> Vec<Value> {
+        Vec::new()
+    }
 }
 
 /// An assistant reply as the OpenAI message carries it.
@@ -346,6 +441,31 @@ pub fn responses_to_chat(body: &Value) -> Result<Value, TaskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_reply_is_the_value_alone() {
+        assert_eq!(
+            json_reply_content("\n {\"a\": \"}\\\"\"}\n"),
+            "{\"a\": \"}\\\"\"}"
+        );
+        assert_eq!(json_reply_content("```json\n[1, [2]]\n```"), "[1, [2]]");
+        assert_eq!(json_reply_content("{\n  \"a\": 1,\n"), "{\n  \"a\": 1,\n");
+        assert_eq!(json_reply_content("  42\n"), "42");
+        assert_eq!(json_reply_content("\"x\" "), "\"x\"");
+    }
+
+    #[test]
+    fn a_json_reply_streams_without_the_whitespace_around_it() {
+        let mut s: Box<dyn ReplyStream> = Box::new(JsonReplyStream::new());
+        let mut out = String::new();
+        for piece in ["\n", "{", "\n", "  \"a\"", ": 1", "\n", "}", "\n"] {
+            for d in s.push(piece) {
+                out.push_str(d["content"].as_str().unwrap());
+            }
+        }
+        assert!(s.finish().is_empty());
+        assert_eq!(out, "{\n  \"a\": 1\n}");
+    }
 
     #[test]
     fn reply_messages_have_upstreams_shape() {

@@ -164,7 +164,7 @@ pub fn params_json(p: &TaskParams, only_metrics: bool) -> Value {
         "chat_format": "Content-only",
         "reasoning_format": "deepseek",
         "reasoning_in_content": false,
-        "generation_prompt": "",
+        "generation_prompt": p.generation_prompt,
         "samplers": samplers,
         "speculative.types": "none",
         "timings_per_token": p.timings_per_token,
@@ -184,7 +184,7 @@ pub fn params_json(p: &TaskParams, only_metrics: bool) -> Value {
                 .map(|&(t, b)| json!({"bias": num(b), "token": t}))
                 .collect(),
         );
-        o["grammar"] = json!("");
+        o["grammar"] = json!(s.grammar.as_ref().map_or("", |g| g.text.as_str()));
         o["grammar_lazy"] = json!(false);
         o["grammar_triggers"] = json!([]);
         o["preserved_tokens"] = json!([]);

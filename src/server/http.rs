@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::chat::{
-    anthropic_to_chat, content_text, responses_to_chat, ChatRenderer, Reply, ReplyParsing,
-    ReplyStream,
+    anthropic_to_chat, content_text, json_reply_content, responses_to_chat, ChatRenderer,
+    JsonReplyStream, Reply, ReplyParsing, ReplyStream,
 };
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
@@ -26,6 +26,7 @@ use super::request::{self, json_type_name, ParseContext};
 use super::scheduler::{SchedulerHandle, SlotAction, SlotActionResult};
 use super::task::{ErrorKind, Event, FinalResult, TaskError, TaskParams, TaskRequest};
 use super::{ModelInfo, ServerParams};
+use crate::grammar::{self, schema};
 use crate::sampling::{resolve_seed, Mt19937, DEFAULT_SEED};
 
 /// What exists once the model is loaded.
@@ -486,6 +487,17 @@ const MESSAGES_ERROR: &str = "Failed to parse messages:";
 
 /// Chat body to a completion body: the rendered prompt plus the OpenAI fields mapped.
 fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, TaskError> {
+    let response_schema = schema::chat_request_schema(body).map_err(|e| {
+        // upstream throws the two-fields conflict as a runtime error (a 500), the rest as
+        // invalid arguments
+        let message = e.to_string();
+        let kind = if message == BOTH_SCHEMA_AND_GRAMMAR {
+            ErrorKind::Server
+        } else {
+            ErrorKind::InvalidRequest
+        };
+        TaskError::new(kind, message)
+    })?;
     let messages = body
         .get("messages")
         .ok_or_else(|| TaskError::invalid("'messages' is required"))?;
@@ -545,6 +557,36 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
             TaskError::new(kind, e)
         })?;
     let mut out = body.as_object().cloned().unwrap_or_default();
+    if let Some(schema) = response_schema {
+        // Upstream's chat parser builds the reply's grammar: the generation prompt, then the
+        // schema's JSON alone or in a ```json fence, with whitespace around it.
+        let generation_prompt = if add_generation_prompt {
+            let without = chat
+                .render(messages, &tools, false, &kwargs)
+                .map_err(TaskError::invalid)?;
+            generation_suffix(&without, &prompt).to_string()
+        } else {
+            String::new()
+        };
+        let schema_rules =
+            grammar::schema_rules(&schema, RESPONSE_SCHEMA_RULE).map_err(|e| {
+                TaskError::invalid(format!(
+                    "Unable to generate parser for this template. Automatic parser generation failed: {}",
+                    e.to_string()
+                        .trim_start_matches("JSON schema conversion failed:\n")
+                ))
+            })?;
+        out.insert(
+            "grammar".into(),
+            json!(grammar::response_format_grammar(
+                &schema_rules,
+                RESPONSE_SCHEMA_RULE,
+                &generation_prompt
+            )),
+        );
+        out.insert("grammar_type".into(), json!("tool_calls"));
+        out.insert("generation_prompt".into(), json!(generation_prompt));
+    }
     out.insert("prompt".into(), json!(prompt));
     match body.get("stop") {
         Some(Value::String(s)) => {
@@ -575,10 +617,32 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
     Ok(Value::Object(out))
 }
 
+/// Upstream's refusal of a chat request that sets both, which it raises as a server error.
+const BOTH_SCHEMA_AND_GRAMMAR: &str = "Cannot use both json_schema and grammar";
+
+/// The name the response schema's rules take in a chat reply's grammar, as upstream names them.
+const RESPONSE_SCHEMA_RULE: &str = "response-format-schema";
+
+/// What rendering with a generation prompt added after rendering without one: the text
+/// following their common prefix, as upstream computes it.
+fn generation_suffix<'a>(without: &str, with: &'a str) -> &'a str {
+    let common = without
+        .bytes()
+        .zip(with.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    // A common prefix that ends inside a character would split it; back up to a boundary.
+    let mut at = common;
+    while !with.is_char_boundary(at) {
+        at -= 1;
+    }
+    &with[at..]
+}
+
 /// How a chat request's reply is parsed: the request's `reasoning_format` (else
 /// `--reasoning-format`), tool calls looked for when the request offers tools; `None` under
 /// `--skip-chat-parsing`.
-fn reply_parsing(state: &AppState, data: &Value) -> Option<ReplyParsing> {
+fn reply_parsing(state: &AppState, data: &Value, json_reply: bool) -> Option<ReplyParsing> {
     let default_format = state.params.reasoning_format.as_ref()?;
     Some(ReplyParsing {
         prompt: data
@@ -596,6 +660,7 @@ fn reply_parsing(state: &AppState, data: &Value) -> Option<ReplyParsing> {
             .and_then(Value::as_array)
             .is_some_and(|t| !t.is_empty())
             && data.get("tool_choice").and_then(Value::as_str) != Some("none"),
+        json_reply,
     })
 }
 
@@ -609,6 +674,12 @@ fn parse_reply(chat: &dyn ChatRenderer, parsing: Option<&ReplyParsing>, text: &s
     let Some(rp) = parsing else {
         return plain();
     };
+    if rp.json_reply {
+        return Reply {
+            content: json_reply_content(text).to_string(),
+            ..Reply::default()
+        };
+    }
     chat.parse_reply(&rp.prompt, text, &rp.reasoning_format, rp.parse_tools)
         .unwrap_or_else(|e| {
             log::warn!("chat reply left unparsed: {e}");
@@ -780,6 +851,9 @@ async fn handle_completion(
 ) -> Result<HttpResponse, TaskError> {
     let r = ready(state)?;
     let body = parse_body(&body)?;
+    // A chat request asking for a JSON response (checked on the request as sent: the body
+    // passed on carries the grammar built for it).
+    let json_reply = schema::chat_request_schema(&body).is_ok_and(|s| s.is_some());
     let data = match kind {
         ResponseKind::OaiChat => chat_to_completion(&body, r.chat.as_ref())?,
         ResponseKind::Anthropic => chat_to_completion(&anthropic_to_chat(&body)?, r.chat.as_ref())?,
@@ -798,7 +872,7 @@ async fn handle_completion(
         ResponseKind::Native => body,
     };
     let parsing = (kind == ResponseKind::OaiChat)
-        .then(|| reply_parsing(state, &data))
+        .then(|| reply_parsing(state, &data, json_reply))
         .flatten();
     let mut submitted = submit_all(r, state, &data)?;
     let meta_id = gen_id(match kind {
@@ -946,6 +1020,9 @@ impl StreamRenderer {
         let (chat, parsing) = (&self.chat, &self.parsing);
         let parser = self.replies.entry(index).or_insert_with(|| {
             let rp = parsing.as_ref()?;
+            if rp.json_reply {
+                return Some(Box::new(JsonReplyStream::new()) as Box<dyn ReplyStream>);
+            }
             chat.reply_stream(&rp.prompt, &rp.reasoning_format, rp.parse_tools)
                 .unwrap_or_else(|e| {
                     log::warn!("chat reply streamed unparsed: {e}");

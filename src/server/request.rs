@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::codec::TextCodec;
 use super::task::{TaskError, TaskParams};
-use crate::sampling::SamplerType;
+use crate::grammar::schema;
+use crate::sampling::{GrammarOrigin, GrammarSource, SamplerType};
 
 /// What a field parser needs besides the body.
 pub struct ParseContext<'a> {
@@ -339,6 +340,10 @@ pub fn parse_task_params(
             stops
         };
     }
+    parse_grammar(body, &mut p)?;
+    if let Some((n, v)) = lookup(body, &["generation_prompt"]) {
+        p.generation_prompt = as_string(v).map_err(|e| field_error(n, e))?;
+    }
     if let Some(v) = body.get("samplers").filter(|v| !v.is_null()) {
         match v {
             Value::Array(_) => {
@@ -358,6 +363,35 @@ pub fn parse_task_params(
         }
     }
     Ok(p)
+}
+
+/// `json_schema` and `grammar`, one field with an alias upstream: a schema is converted when
+/// there is no `grammar` key; otherwise a string `grammar` is GBNF (from a chat template's tool
+/// calls when `grammar_type` says so, the user's otherwise) and any other value is ignored.
+fn parse_grammar(body: &Value, p: &mut TaskParams) -> Result<(), TaskError> {
+    let schema_field = body.get("json_schema").filter(|v| !v.is_null());
+    if let Some(field) = schema_field.filter(|_| body.get("grammar").is_none()) {
+        let text =
+            schema::json_schema_field_grammar(field).map_err(|e| field_error("json_schema", e))?;
+        p.sampling.grammar = Some(GrammarSource {
+            text,
+            origin: GrammarOrigin::Schema,
+        });
+        return Ok(());
+    }
+    let text = body.get("grammar").and_then(Value::as_str).unwrap_or("");
+    if !text.is_empty() {
+        let tool_calls = body.get("grammar_type").and_then(Value::as_str) == Some("tool_calls");
+        p.sampling.grammar = Some(GrammarSource {
+            text: text.to_string(),
+            origin: if tool_calls {
+                GrammarOrigin::ToolCalls
+            } else {
+                GrammarOrigin::User
+            },
+        });
+    }
+    Ok(())
 }
 
 fn string_list(v: &Value) -> Result<Vec<String>, String> {

@@ -23,7 +23,8 @@ use super::task::{
     TokenOutput, TokenProb,
 };
 use crate::engine::{Batch, Forward, SeqId};
-use crate::sampling::{token_probabilities, Sampler};
+use crate::grammar::{Grammar, GrammarState, TokenTexts};
+use crate::sampling::{token_probabilities, GrammarSource, Sampler};
 
 /// How the scheduler runs; the server maps its own parameters onto this.
 #[derive(Clone, Debug)]
@@ -353,6 +354,8 @@ struct Scheduler {
     metrics: Metrics,
     clock: i64,
     logits: Vec<f32>,
+    /// Every token's text for grammars, built when the first grammar arrives.
+    grammar_texts: Option<Arc<TokenTexts>>,
 }
 
 impl Scheduler {
@@ -383,7 +386,57 @@ impl Scheduler {
             metrics: Metrics::default(),
             clock: 0,
             logits: Vec::new(),
+            grammar_texts: None,
         }
+    }
+
+    /// Constrains a sampler by the grammar a request asks for, as upstream's sampler set-up
+    /// does: GBNF parsed with `<text>` terminals resolved by the vocabulary, then the generation
+    /// prompt fed through it when the grammar expects it. Errors carry upstream's message.
+    fn constrain(
+        &mut self,
+        sampler: &mut Sampler,
+        source: &GrammarSource,
+        generation_prompt: &str,
+    ) -> Result<(), String> {
+        if source.text.starts_with("%llguidance") {
+            return Err("failed to parse grammar: llguidance is not enabled".into());
+        }
+        let codec = self.codec.clone();
+        let texts = self
+            .grammar_texts
+            .get_or_insert_with(|| {
+                Arc::new(TokenTexts::new(
+                    codec.n_tokens(),
+                    |t| codec.token_to_piece(t, true),
+                    |t| codec.is_eog(t),
+                ))
+            })
+            .clone();
+        let lookup = |text: &str| match codec.tokenize(text, false, true)[..] {
+            [one] => Some(one),
+            _ => None,
+        };
+        let grammar = Grammar::new(&source.text, "root", Some(&lookup)).map_err(|e| {
+            log::error!("error parsing grammar: {e}");
+            "failed to parse grammar".to_string()
+        })?;
+        sampler.set_grammar(GrammarState::new(grammar), texts);
+        if source.needs_prefill() && !generation_prompt.is_empty() {
+            let mut tokens = codec.tokenize(generation_prompt, false, true);
+            // Some tokenizers put a space before a leading special token; upstream skips it.
+            let first_is_space = tokens.first().is_some_and(|&t| {
+                codec
+                    .token_to_piece(t, true)
+                    .first()
+                    .is_some_and(u8::is_ascii_whitespace)
+            });
+            if first_is_space && !generation_prompt.starts_with(|c: char| c.is_ascii_whitespace()) {
+                tokens.remove(0);
+            }
+            sampler.prefill_grammar(&tokens).map_err(|e| e.0)?;
+        }
+        Ok(())
     }
 
     fn busy(&self) -> bool {
@@ -607,17 +660,24 @@ impl Scheduler {
             return;
         }
         let params = request.params.clone();
-        let sampler =
-            match Sampler::new(&params.sampling, n_vocab, &CodecVocab(self.codec.as_ref())) {
-                Ok(s) => s,
-                Err(e) => {
-                    fail(
-                        &request,
-                        TaskError::invalid(format!("Failed to initialize samplers: {e}")),
-                    );
-                    return;
+        let sampler = Sampler::new(&params.sampling, n_vocab, &CodecVocab(self.codec.as_ref()))
+            .map_err(|e| e.0)
+            .and_then(|mut sampler| {
+                if let Some(source) = &params.sampling.grammar {
+                    self.constrain(&mut sampler, source, &params.generation_prompt)?;
                 }
-            };
+                Ok(sampler)
+            });
+        let sampler = match sampler {
+            Ok(s) => s,
+            Err(e) => {
+                fail(
+                    &request,
+                    TaskError::invalid(format!("Failed to initialize samplers: {e}")),
+                );
+                return;
+            }
+        };
         let n_tokens = request.tokens.len();
         if n_tokens == 0 {
             log::warn!("task {id}: empty prompt - releasing slot");
@@ -1011,7 +1071,10 @@ impl Scheduler {
                 return;
             }
         };
-        active.sampler.accept(token);
+        if let Err(e) = active.sampler.accept_generated(token) {
+            self.fail_slot(i, TaskError::new(ErrorKind::Server, e.0));
+            return;
+        }
         let now = Instant::now();
         active.n_gen += 1;
         if active.n_gen == 1 {

@@ -31,6 +31,9 @@ pub struct TaskParams {
     pub response_fields: Vec<String>,
     /// Render control tokens in the output text.
     pub special: bool,
+    /// What a chat template appended to start the reply (`<|im_start|>assistant\n`); schema
+    /// and tool-call grammars read it before the first sampled token.
+    pub generation_prompt: String,
 }
 
 impl Default for TaskParams {
@@ -55,6 +58,7 @@ impl Default for TaskParams {
             stop: Vec::new(),
             response_fields: Vec::new(),
             special: false,
+            generation_prompt: String::new(),
         }
     }
 }
