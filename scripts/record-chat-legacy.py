@@ -127,13 +127,16 @@ def main():
         golden["props_chat_template"] = request(up.base, "/props")[1]["chat_template"]
         messages = [{"role": "user", "content": "hi"}]
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-        refusals = {}
+        trailing = messages + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+        refusals = []
         for path in ["/apply-template", "/v1/chat/completions"]:
-            for what, extra in [("tools", {"tools": [tool]}), ("tool_choice", {"tool_choice": "none"})]:
-                status, reply = request(up.base, path, {"messages": messages, "max_tokens": 1, **extra})
-                refusals[f"{path} {what}"] = {"status": status, "body": reply}
-        status, reply = request(up.base, "/apply-template", {"messages": messages, "tools": []})
-        refusals["/apply-template empty tools"] = {"status": status, "body": reply}
+            for extra in [{"tools": [tool]}, {"tool_choice": "none"}, {"tools": []}]:
+                body = {"messages": messages, "max_tokens": 1, **extra}
+                status, reply = request(up.base, path, body)
+                refusals.append({"path": path, "request": body, "status": status, "reply": reply})
+        status, reply = request(up.base, "/apply-template", {"messages": trailing})
+        refusals.append({"path": "/apply-template", "request": {"messages": trailing}, "status": status,
+                         "reply": reply})
         golden["refusals"] = refusals
 
     unknown = subprocess.run([SERVER, "-m", MODEL, "--no-jinja", "--chat-template", "no-such-format",
