@@ -950,6 +950,7 @@ pub struct ChatTemplates {
     pub tool_use: Option<ChatTemplate>,
     /// False when neither the model nor the command line gave a template (ChatML fallback).
     pub explicit: bool,
+    /// Jinja, or under `--no-jinja` the built-in format in use.
     pub renderer: Renderer,
 }
 
