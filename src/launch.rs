@@ -614,9 +614,16 @@ fn chat_templates(cfg: &Config, gguf: &GgufFile, vocab: &Vocab) -> Result<Templa
         add_eos: vocab.add_eos(),
     };
     let over = Some(cfg.chat.template.as_str()).filter(|t| !t.is_empty());
-    ChatTemplates::from_metadata(|k| gguf.get_str(k), over, tokens)
-        .map(Templates)
-        .map_err(|e| LaunchError::Chat(e.to_string()))
+    if let (false, Some(text)) = (cfg.chat.jinja, over) {
+        crate::chat::legacy::check_override(text).map_err(LaunchError::Argument)?;
+    }
+    let templates = ChatTemplates::from_metadata(|k| gguf.get_str(k), over, tokens)
+        .map_err(|e| LaunchError::Chat(e.to_string()))?;
+    Ok(Templates(if cfg.chat.jinja {
+        templates
+    } else {
+        templates.without_jinja()
+    }))
 }
 
 /// An integer hyper-parameter `{arch}.KEY` of the file.

@@ -18,7 +18,8 @@ pub use output::{
     Delta, OutputFormat, ParsedMessage, ReasoningFormat, StreamParser, ToolCall, ToolSyntax,
 };
 pub use template::{
-    ChatTemplate, ChatTemplates, RenderInputs, SpecialTokens, TemplateChoice, CHATML_SOURCE,
+    ChatTemplate, ChatTemplates, RenderInputs, Renderer, SpecialTokens, TemplateChoice,
+    CHATML_SOURCE,
 };
 
 /// The `chat_template_kwargs` upstream's server passes when neither the command line nor the
@@ -38,6 +39,8 @@ pub enum ChatError {
     Tools(String),
     /// The template does not parse, or raised an error while rendering.
     Template(String),
+    /// A request the renderer cannot carry, in upstream's words (e.g. tools without Jinja).
+    Refused(String),
 }
 
 impl std::fmt::Display for ChatError {
@@ -46,6 +49,7 @@ impl std::fmt::Display for ChatError {
             ChatError::Messages(m) => write!(f, "Failed to parse messages: {m}"),
             ChatError::Tools(m) => write!(f, "Failed to parse tools: {m}"),
             ChatError::Template(m) => write!(f, "chat template: {m}"),
+            ChatError::Refused(m) => f.write_str(m),
         }
     }
 }

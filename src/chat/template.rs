@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value as Json};
 use super::caps::{self, Caps};
 use super::clock;
 use super::jinja;
+use super::legacy;
 use super::ChatError;
 
 /// Upstream's fallback when a model has no template: ChatML.
@@ -528,6 +529,19 @@ struct ToolCallIn {
 }
 
 impl Message {
+    /// The text a built-in format sees: the content, then each text or media-marker part, a
+    /// newline before each part once there is text.
+    fn builtin_content(&self) -> String {
+        let mut text = self.content.clone();
+        for (_, part) in &self.parts {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(part);
+        }
+        text
+    }
+
     /// The text of the message: its content, or its text parts joined by newlines.
     fn render_content(&self) -> String {
         if !self.content.is_empty() {
@@ -887,6 +901,47 @@ fn sort_deepseek_tool_results(messages: &mut [Json]) {
     }
 }
 
+/// Upstream's rendering without Jinja: tools are refused, a trailing assistant message is
+/// closed like the others (the built-in formats cannot continue one), and the format sees only
+/// roles and text.
+fn render_builtin(
+    format: Option<legacy::Format>,
+    inputs: &RenderInputs,
+) -> Result<String, ChatError> {
+    if inputs
+        .tools
+        .and_then(Json::as_array)
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Err(ChatError::Refused(
+            "tools param requires --jinja flag".into(),
+        ));
+    }
+    let messages = parse_messages(inputs.messages)?;
+    let mut add_generation_prompt = inputs.add_generation_prompt;
+    if let Some(last) = messages.last().filter(|m| m.role == "assistant") {
+        if messages.len() >= 2 && messages[messages.len() - 2].role == "assistant" {
+            return Err(ChatError::Refused(
+                "Cannot have 2 or more assistant messages at the end of the list.".into(),
+            ));
+        }
+        if !last.tool_calls.is_empty() {
+            return Err(ChatError::Refused(
+                "Cannot continue an assistant message that contains tool calls.".into(),
+            ));
+        }
+        add_generation_prompt = false;
+    }
+    let format = format.ok_or_else(|| ChatError::Refused(legacy::UNSUPPORTED.into()))?;
+    let contents: Vec<String> = messages.iter().map(Message::builtin_content).collect();
+    let turns: Vec<(&str, &str)> = messages
+        .iter()
+        .zip(&contents)
+        .map(|(m, text)| (m.role.as_str(), text.as_str()))
+        .collect();
+    Ok(format.render(&turns, add_generation_prompt))
+}
+
 /// The templates a model serves with: its default and, when the model ships one, a separate
 /// template for requests with tools.
 #[derive(Debug)]
@@ -895,6 +950,19 @@ pub struct ChatTemplates {
     pub tool_use: Option<ChatTemplate>,
     /// False when neither the model nor the command line gave a template (ChatML fallback).
     pub explicit: bool,
+    /// Jinja, or under `--no-jinja` the built-in format in use.
+    pub renderer: Renderer,
+}
+
+/// How requests become prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renderer {
+    /// The Jinja template (`--jinja`, the default).
+    Jinja,
+    /// `--no-jinja`: the built-in format upstream recognises in the default template's text
+    /// (a name such as `gemma`, or a family's markers in Jinja source); `None` where it
+    /// recognises none, and every request is then refused.
+    Builtin(Option<legacy::Format>),
 }
 
 /// Where the template text comes from, in upstream's order of precedence.
@@ -936,7 +1004,18 @@ impl ChatTemplates {
             default,
             tool_use,
             explicit,
+            renderer: Renderer::Jinja,
         })
+    }
+
+    /// Renders with upstream's built-in formats instead of Jinja (`--no-jinja`), the format
+    /// picked from the default template's text (after the ChatML fallback).
+    pub fn without_jinja(self) -> Self {
+        let format = legacy::Format::detect(self.default.source());
+        ChatTemplates {
+            renderer: Renderer::Builtin(format),
+            ..self
+        }
     }
 
     /// Loads from a GGUF key lookup (`tokenizer.chat_template`, `tokenizer.chat_template.NAME`).
@@ -964,8 +1043,11 @@ impl ChatTemplates {
         }
     }
 
-    /// Renders a request with the template it picks.
+    /// Renders a request with the template it picks, or its built-in format without Jinja.
     pub fn render(&self, inputs: &RenderInputs) -> Result<String, ChatError> {
-        self.pick(inputs.tools).render(inputs)
+        match self.renderer {
+            Renderer::Jinja => self.pick(inputs.tools).render(inputs),
+            Renderer::Builtin(format) => render_builtin(format, inputs),
+        }
     }
 }
