@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 
 use crate::backend::cuda;
 use crate::chat::{
-    ChatTemplates, Delta, OutputFormat, ReasoningFormat, RenderInputs, SpecialTokens, StreamParser,
-    ToolSyntax,
+    ChatTemplates, Delta, OutputFormat, ReasoningFormat, RenderInputs, Renderer, SpecialTokens,
+    StreamParser, ToolSyntax,
 };
 use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, CardExperts, EngineParams};
@@ -547,10 +547,13 @@ impl Templates {
         let requested = ReasoningFormat::from_name(reasoning_format).map_err(|e| e.to_string())?;
         let template = self.0.pick(None);
         let format = OutputFormat::for_template(template, prompt);
+        // Without Jinja upstream leaves the whole reply as content.
+        let jinja = self.0.renderer == Renderer::Jinja;
         // Harmony (gpt-oss) thinks in its analysis channel, not between tags
-        let thinks = format.tools == ToolSyntax::Harmony
-            || template.source().contains(format.think_start.as_str());
-        let tools = parse_tools && format.tools != ToolSyntax::None;
+        let thinks = jinja
+            && (format.tools == ToolSyntax::Harmony
+                || template.source().contains(format.think_start.as_str()));
+        let tools = jinja && parse_tools && format.tools != ToolSyntax::None;
         let reasoning = if thinks {
             requested
         } else {

@@ -2,7 +2,8 @@
 //! `scripts/extract-grammar-cases.py` into `tests/data/grammar/integration.json`: each grammar
 //! must accept every passing string and refuse every failing one, fed the way upstream's test
 //! feeds them (one code point at a time; `<[N]>` parts as token N), and the grammars upstream
-//! refuses to build must be refused.
+//! refuses to build must be refused. The schema cases go through our JSON-schema conversion
+//! first, as upstream's test sends them through its own.
 
 use bloomery::grammar::{Grammar, GrammarState};
 use serde_json::Value;
@@ -69,6 +70,22 @@ fn upstream_grammar_cases_accept_and_refuse_the_same_strings() {
         bad.extend(check(case, case["source"].as_str().unwrap()));
     }
     assert!(n >= 14, "only {n} grammar cases");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn upstream_schema_cases_accept_and_refuse_the_same_strings() {
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for case in cases().iter().filter(|c| c["kind"] == "schema") {
+        n += 1;
+        let schema: Value = serde_json::from_str(case["source"].as_str().unwrap()).unwrap();
+        match bloomery::grammar::schema::schema_to_grammar(&schema) {
+            Ok(gbnf) => bad.extend(check(case, &gbnf)),
+            Err(e) => bad.push(format!("{}: schema refused: {e}", case["desc"])),
+        }
+    }
+    assert!(n >= 33, "only {n} schema cases");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 

@@ -273,6 +273,13 @@ pub fn parse_size(s: &str) -> Result<u64, Refusal> {
     Ok((n * scale) as u64)
 }
 
+/// A JSON schema option's value converted to GBNF while the command line is read, as upstream
+/// converts it (a schema it cannot convert refuses the option).
+pub fn schema_grammar(text: &str) -> Result<String, Refusal> {
+    let schema = parse_json(text)?;
+    crate::grammar::schema::schema_to_grammar(&schema).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,11 +351,4 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("G").is_err());
     }
-}
-
-/// A JSON schema option's value converted to GBNF while the command line is read, as upstream
-/// converts it (a schema it cannot convert refuses the option).
-pub fn schema_grammar(text: &str) -> Result<String, Refusal> {
-    let schema = parse_json(text)?;
-    crate::grammar::schema::schema_to_grammar(&schema).map_err(|e| e.to_string())
 }

@@ -61,6 +61,13 @@ pub struct Rules {
 /// one token.
 pub type TokenLookup<'a> = &'a dyn Fn(&str) -> Option<u32>;
 
+/// Where the last item of a sequence starts (what a repetition operator applies to), and how
+/// many rules it already stands for (repetitions multiply it, against upstream's limit).
+struct LastItem {
+    start: usize,
+    n_rules: u64,
+}
+
 struct Parser<'a> {
     src: &'a [u8],
     symbols: HashMap<String, u32>,
@@ -243,12 +250,11 @@ impl<'a> Parser<'a> {
         &mut self,
         name: &str,
         rule: &mut Vec<Elem>,
-        last_start: usize,
-        n_prev_rules: &mut u64,
-        min: u64,
-        max: Option<u64>,
+        last: &mut LastItem,
+        (min, max): (u64, Option<u64>),
         pos: usize,
     ) -> Result<(), GrammarError> {
+        let (last_start, n_prev_rules) = (last.start, &mut last.n_rules);
         if last_start == rule.len() {
             return err(format!(
                 "expecting preceding item to */+/?/{{ at {}",
@@ -301,8 +307,10 @@ impl<'a> Parser<'a> {
         rule: &mut Vec<Elem>,
         nested: bool,
     ) -> Result<usize, GrammarError> {
-        let mut last_start = rule.len();
-        let mut n_prev_rules = 1u64;
+        let mut last = LastItem {
+            start: rule.len(),
+            n_rules: 1,
+        };
         let mut pos = src;
         loop {
             let c = self.at(pos);
@@ -310,8 +318,10 @@ impl<'a> Parser<'a> {
                 0 => break,
                 b'"' => {
                     pos += 1;
-                    last_start = rule.len();
-                    n_prev_rules = 1;
+                    last = LastItem {
+                        start: rule.len(),
+                        n_rules: 1,
+                    };
                     while self.at(pos) != b'"' {
                         let (ch, next) = self.char(pos)?;
                         pos = next;
@@ -325,12 +335,14 @@ impl<'a> Parser<'a> {
                     if negated {
                         pos += 1;
                     }
-                    last_start = rule.len();
-                    n_prev_rules = 1;
+                    last = LastItem {
+                        start: rule.len(),
+                        n_rules: 1,
+                    };
                     while self.at(pos) != b']' {
                         let (ch, next) = self.char(pos)?;
                         pos = next;
-                        rule.push(if last_start < rule.len() {
+                        rule.push(if last.start < rule.len() {
                             Elem::CharAlt(ch)
                         } else if negated {
                             Elem::CharNot(ch)
@@ -351,8 +363,10 @@ impl<'a> Parser<'a> {
                 b'<' | b'!' => {
                     let negated = c == b'!';
                     let (id, end) = self.token(if negated { pos + 1 } else { pos })?;
-                    last_start = rule.len();
-                    n_prev_rules = 1;
+                    last = LastItem {
+                        start: rule.len(),
+                        n_rules: 1,
+                    };
                     rule.push(if negated {
                         Elem::TokenNot(id)
                     } else {
@@ -365,8 +379,10 @@ impl<'a> Parser<'a> {
                     let sym = String::from_utf8_lossy(&self.src[pos..end]).into_owned();
                     let id = self.symbol(&sym);
                     pos = self.space(end, nested);
-                    last_start = rule.len();
-                    n_prev_rules = 1;
+                    last = LastItem {
+                        start: rule.len(),
+                        n_rules: 1,
+                    };
                     rule.push(Elem::RuleRef(id));
                 }
                 b'(' => {
@@ -374,8 +390,10 @@ impl<'a> Parser<'a> {
                     let n_before = self.symbols.len() as u64;
                     let sub = self.generated_symbol(name);
                     pos = self.alternates(pos, name, sub, true)?;
-                    n_prev_rules = (self.symbols.len() as u64).saturating_sub(n_before).max(1);
-                    last_start = rule.len();
+                    last = LastItem {
+                        start: rule.len(),
+                        n_rules: (self.symbols.len() as u64).saturating_sub(n_before).max(1),
+                    };
                     rule.push(Elem::RuleRef(sub));
                     if self.at(pos) != b')' {
                         return err(format!("expecting ')' at {}", self.rest(pos)));
@@ -383,8 +401,10 @@ impl<'a> Parser<'a> {
                     pos = self.space(pos + 1, nested);
                 }
                 b'.' => {
-                    last_start = rule.len();
-                    n_prev_rules = 1;
+                    last = LastItem {
+                        start: rule.len(),
+                        n_rules: 1,
+                    };
                     rule.push(Elem::CharAny);
                     pos = self.space(pos + 1, nested);
                 }
@@ -395,7 +415,7 @@ impl<'a> Parser<'a> {
                         b'+' => (1, None),
                         _ => (0, Some(1)),
                     };
-                    self.repeat(name, rule, last_start, &mut n_prev_rules, min, max, pos)?;
+                    self.repeat(name, rule, &mut last, (min, max), pos)?;
                 }
                 b'{' => {
                     pos = self.space(pos + 1, nested);
@@ -429,7 +449,7 @@ impl<'a> Parser<'a> {
                         return err("number of repetitions exceeds sane defaults, please reduce the number of repetitions");
                     }
                     let max = max.filter(|&m| m <= MAX_REPETITION);
-                    self.repeat(name, rule, last_start, &mut n_prev_rules, min, max, pos)?;
+                    self.repeat(name, rule, &mut last, (min, max), pos)?;
                 }
                 _ => break,
             }

@@ -547,9 +547,10 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
     let prompt = chat
         .render(messages, &tools, add_generation_prompt, &kwargs)
         .map_err(|e| {
-            // upstream rethrows a failure to read the messages as a runtime error: a 500;
-            // template errors are the request's (400)
-            let kind = if e.starts_with(MESSAGES_ERROR) {
+            // upstream rethrows a failure to read the messages as a runtime error: a 500, as
+            // are the refusals of what only Jinja templates can do; template errors are the
+            // request's (400)
+            let kind = if e.starts_with(MESSAGES_ERROR) || e.contains("--jinja") {
                 ErrorKind::Server
             } else {
                 ErrorKind::InvalidRequest
