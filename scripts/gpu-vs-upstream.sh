@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Compares greedy tokens and top logprobs of bloomery-serve (on the card, and on the CPU) with
+# upstream's CUDA llama-server (built here from the packed sources, without its web UI, which an
+# offline machine cannot fetch), on the synthetic models scripts/gpu-check.sh uses. Each server
+# answers the same /completion requests (temperature 0, n_probs 5); scripts/compare-completions.py
+# prints, per model and engine, how many tokens equal upstream's and the largest logprob gap.
+# Needs .device/ from scripts/device-pack.sh. Results go to $OUT (or ./gpu-vs-upstream).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+D="${BLOOMERY_BIN:-.device}"
+W="${WORK:-/tmp/gpu-vs-upstream}"
+R="${OUT:-gpu-vs-upstream}"
+mkdir -p "$W/up" "$W/models" "$R"
+
+UP="$W/up/b/bin/llama-server"
+build=""
+if [ ! -x "$UP" ]; then
+  (tar xf "$D/llama-src.tar.xz" -C "$W/up" &&
+    cmake -S "$W/up" -B "$W/up/b" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF &&
+    cmake --build "$W/up/b" -j "$(nproc)" --target llama-server) >"$R/upstream-build.log" 2>&1 &
+  build=$!
+fi
+
+models=()
+make() { # name preset [make-synthetic options]
+  local name=$1 preset=$2
+  shift 2
+  [ -f "$W/models/$name.gguf" ] ||
+    "$D/make-synthetic" --preset "$preset" --vocab "$D/vocab.gguf" --out "$W/models/$name.gguf" "$@" >/dev/null
+  models+=("$name")
+}
+make llama-q4_0 tiny-llama --type q4_0
+make qwen3-q4_K tiny-qwen3 --type q4_K --embd-type q6_K
+make qwen3moe-q4_K tiny-qwen3moe --type q4_K
+make qwen3moe-mixed tiny-qwen3moe --type q8_0 --expert-type q5_K --embd-type q8_0
+make gemma3-q6_K tiny-gemma3 --type q6_K
+make gemma3-270m-shape-q4_K gemma-3-270m --type q4_K
+
+if [ -n "$build" ] && ! wait "$build"; then
+  echo "upstream llama-server did not build; see $R/upstream-build.log" >&2
+  tail -20 "$R/upstream-build.log" >&2
+  exit 1
+fi
+
+PORT=18400
+ask() { # engine model server-binary [args]
+  local engine=$1 model=$2 bin=$3
+  shift 3
+  local log="$R/$model.$engine.log" out="$R/$model.$engine.json"
+  "$bin" -m "$W/models/$model.gguf" --host 127.0.0.1 --port "$PORT" -c 1024 --parallel 1 "$@" >"$log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 600); do
+    curl -sf "127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  echo "[" >"$out"
+  local first=1
+  for prompt in "The quick brown fox" "Once upon a time, in a land far away," "1, 2, 3, 4,"; do
+    [ $first = 1 ] || echo "," >>"$out"
+    first=0
+    curl -s "127.0.0.1:$PORT/completion" -H 'Content-Type: application/json' \
+      -d "{\"prompt\": \"$prompt\", \"n_predict\": 24, \"temperature\": 0, \"n_probs\": 5, \"cache_prompt\": false}" >>"$out"
+  done
+  echo "]" >>"$out"
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
+for m in "${models[@]}"; do
+  ask upstream "$m" "$UP" -ngl 99 -fa on
+  ask card "$m" "$D/bloomery-serve" -ngl 99
+  ask cpu "$m" "$D/bloomery-serve" -ngl 0 -t "$(nproc)"
+done
+python3 scripts/compare-completions.py "$R" "${models[@]}"
