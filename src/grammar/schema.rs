@@ -39,16 +39,25 @@ pub fn schema_to_grammar(schema: &Value) -> Result<String, SchemaError> {
     builder.finish()
 }
 
-/// The grammar for the `json_schema` field of a completion request, as upstream's request
-/// parser builds it when `json_schema` is present and `grammar` is absent: null or `{}` means
-/// any object, and a failure's message is prefixed with the field's name.
-pub fn json_schema_field_grammar(field: &Value) -> Result<String, SchemaError> {
+/// The grammar a completion request's `json_schema` field asks for, as upstream's request
+/// parser builds it: only when `json_schema` is present and not null and there is no `grammar`
+/// key at all (a `grammar` key, even null, makes upstream read `grammar` instead); `{}` means any
+/// object. A failure's message is prefixed with `"json_schema": ` (upstream's server then
+/// prefixes `Field 'json_schema': ` as for every field and answers 400 invalid_request_error).
+pub fn completion_schema_grammar(body: &Value) -> Result<Option<String>, SchemaError> {
+    let Some(field) = non_null(body, "json_schema") else {
+        return Ok(None);
+    };
+    if body.get("grammar").is_some() {
+        return Ok(None);
+    }
     let schema = match field {
-        Value::Null => any_object_schema(),
         Value::Object(map) if map.is_empty() => any_object_schema(),
         other => other.clone(),
     };
-    schema_to_grammar(&schema).map_err(|e| SchemaError(format!("\"json_schema\": {e}")))
+    schema_to_grammar(&schema)
+        .map(Some)
+        .map_err(|e| SchemaError(format!("\"json_schema\": {e}")))
 }
 
 /// The schema an OpenAI-style chat request asks for, from its `json_schema`, `grammar` and
