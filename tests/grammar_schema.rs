@@ -167,7 +167,7 @@ fn sub_schema_reference_names_the_ref_rule() {
         panic!("root is no object: {:?}", doc.root());
     };
     let mut builder = GrammarBuilder::new(false);
-    builder.add_schema("", &doc, &properties[0].schema);
+    builder.add_schema("root", &doc, &properties[0].schema);
     let grammar = builder.finish().expect("grammar builds");
     assert_eq!(
         grammar,
@@ -212,4 +212,34 @@ fn refusals_carry_upstream_messages() {
             Ok(g) => panic!("{schema} converted:\n{g}"),
         }
     }
+}
+
+/// Upstream's chat path adds a `response_format` schema to its own grammar under
+/// `response-format-schema`; these are the schema's rules of the grammar the upstream server
+/// logged for `{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}`.
+#[test]
+fn named_schema_gives_the_rules_of_upstream_chat_grammar() {
+    let schema = serde_json::json!({
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]
+    });
+    let doc = SchemaDocument::from_json(&schema).expect("schema reads");
+    let mut builder = GrammarBuilder::new(false);
+    let rule = builder.add_schema("response-format-schema", &doc, doc.root());
+    assert_eq!(rule, "response-format-schema");
+    let grammar = builder.finish().expect("grammar builds");
+    assert_eq!(
+        grammar,
+        concat!(
+            "integer ::= (\"-\"? integral-part)\n",
+            "integral-part ::= [0] | [1-9] [0-9]{0,15}\n",
+            "response-format-schema ::= \"{\" space response-format-schema-a-kv space \"}\"\n",
+            "response-format-schema-a-kv ::= \"\\\"a\\\"\" space \":\" space integer\n",
+            "space ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\n",
+        )
+    );
+    let err = SchemaDocument::from_json(&serde_json::json!({"type": "kaboom"})).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "JSON schema error at #: unrecognized type kaboom"
+    );
 }

@@ -33,7 +33,7 @@ impl std::error::Error for SchemaError {}
 
 /// The GBNF grammar for `schema`, as upstream's `json_schema_to_grammar(schema)` gives it.
 pub fn schema_to_grammar(schema: &Value) -> Result<String, SchemaError> {
-    let doc = SchemaDocument::from_json(schema)?;
+    let doc = SchemaDocument::from_json(schema).map_err(|e| SchemaError::conversion(&e.0))?;
     let mut builder = GrammarBuilder::new(false);
     builder.add_schema("", &doc, doc.root());
     builder.finish()
@@ -192,15 +192,15 @@ pub struct SchemaDocument {
 
 impl SchemaDocument {
     /// Reads `schema`, refusing what falls outside the subset the converter handles, with
-    /// upstream's message naming the JSON-pointer path of the offending node.
+    /// upstream's message naming the JSON-pointer path of the offending node (`JSON schema error
+    /// at #/...: ...`, without the `JSON schema conversion failed:` that `schema_to_grammar` adds;
+    /// upstream's chat parser generator reports it bare).
     pub fn from_json(schema: &Value) -> Result<Self, SchemaError> {
         let mut reader = SchemaReader {
             root: schema,
             refs: BTreeMap::new(),
         };
-        let root = reader
-            .node(schema, "#")
-            .map_err(|e| SchemaError::conversion(&e))?;
+        let root = reader.node(schema, "#").map_err(SchemaError)?;
         let refs = reader
             .refs
             .into_iter()
@@ -1141,10 +1141,10 @@ impl GrammarBuilder {
         key
     }
 
-    /// Adds the rules for `node` of `doc` under `name` ("" for the root); returns the rule that
-    /// matches it.
+    /// Adds the rules for `node` of `doc` under `name` ("" or "root" for the grammar's root);
+    /// returns the rule that matches it.
     pub fn add_schema(&mut self, name: &str, doc: &SchemaDocument, node: &Schema) -> String {
-        self.visit(doc, node, name)
+        self.visit(doc, node, if name == "root" { "" } else { name })
     }
 
     /// The grammar text, or upstream's failure when a pattern was invalid, a reference unresolved.
