@@ -78,8 +78,19 @@ fn upstream_server_conversions_give_the_same_grammars() {
     let cases = load_cases("server-cases.json");
     let mut passed = 0;
     let mut failures = Vec::new();
+    // serde_json without its float_roundtrip feature may read decimal text one unit in the last
+    // place off, and then writes another number back; this value is one it misreads so
+    let exact_floats = serde_json::from_str::<f64>("0.9399188452874343").ok()
+        == "0.9399188452874343".parse::<f64>().ok();
     for case in &cases {
         let name = field(case, "name");
+        if case["exact_floats"] == Value::Bool(true) && !exact_floats {
+            println!(
+                "server case {name:?} skipped: serde_json is built without its float_roundtrip \
+                 feature, so request floats can read one unit in the last place off"
+            );
+            continue;
+        }
         let body = format!(
             "{{\"prompt\": \"hi\", \"json_schema\": {}}}",
             field(case, "schema")

@@ -613,12 +613,11 @@ fn write_float(f: f64, out: &mut String) {
         out.push_str("0.0");
         return;
     }
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let (digits, exponent) = grisu2::digits(f);
+    let digits = String::from_utf8_lossy(&digits).into_owned();
     let k = digits.len() as i32;
     // the value is 0.DIGITS times ten to the n
-    let n = exp.parse::<i32>().unwrap_or(0) + 1;
+    let n = k + exponent;
     if k <= n && n <= 15 {
         out.push_str(&digits);
         out.push_str(&"0".repeat((n - k) as usize));
@@ -639,6 +638,278 @@ fn write_float(f: f64, out: &mut String) {
         }
         let e = n - 1;
         out.push_str(&format!("e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs()));
+    }
+}
+
+/// Decimal digits of a double by Loitsch's Grisu2, as nlohmann's `dump()` produces them: they
+/// read back to the same double but are not always the shortest such digits (6.70400438805688e17
+/// comes out as 6.704004388056881e17), so a shortest-digits formatter would spell some constants
+/// differently from upstream.
+mod grisu2 {
+    /// A 64-bit significand and a binary exponent: `f * 2^e`.
+    #[derive(Clone, Copy)]
+    struct DiyFp {
+        f: u64,
+        e: i32,
+    }
+
+    impl DiyFp {
+        /// The upper 64 bits of the product, rounded half up.
+        fn mul(self, y: DiyFp) -> DiyFp {
+            let p = u128::from(self.f) * u128::from(y.f);
+            let h = (p >> 64) as u64 + ((p >> 63) & 1) as u64;
+            DiyFp {
+                f: h,
+                e: self.e + y.e + 64,
+            }
+        }
+
+        fn normalize(mut self) -> DiyFp {
+            let shift = self.f.leading_zeros();
+            self.f <<= shift;
+            self.e -= shift as i32;
+            self
+        }
+    }
+
+    /// 10^k for k = -300, -292, ..., 324 as `(f, e, k)` with 10^k ~ f * 2^e, f the 64-bit
+    /// significand rounded to nearest.
+    const CACHED_POWERS: [(u64, i32, i32); 79] = [
+        (0xAB70FE17C79AC6CA, -1060, -300),
+        (0xFF77B1FCBEBCDC4F, -1034, -292),
+        (0xBE5691EF416BD60C, -1007, -284),
+        (0x8DD01FAD907FFC3C, -980, -276),
+        (0xD3515C2831559A83, -954, -268),
+        (0x9D71AC8FADA6C9B5, -927, -260),
+        (0xEA9C227723EE8BCB, -901, -252),
+        (0xAECC49914078536D, -874, -244),
+        (0x823C12795DB6CE57, -847, -236),
+        (0xC21094364DFB5637, -821, -228),
+        (0x9096EA6F3848984F, -794, -220),
+        (0xD77485CB25823AC7, -768, -212),
+        (0xA086CFCD97BF97F4, -741, -204),
+        (0xEF340A98172AACE5, -715, -196),
+        (0xB23867FB2A35B28E, -688, -188),
+        (0x84C8D4DFD2C63F3B, -661, -180),
+        (0xC5DD44271AD3CDBA, -635, -172),
+        (0x936B9FCEBB25C996, -608, -164),
+        (0xDBAC6C247D62A584, -582, -156),
+        (0xA3AB66580D5FDAF6, -555, -148),
+        (0xF3E2F893DEC3F126, -529, -140),
+        (0xB5B5ADA8AAFF80B8, -502, -132),
+        (0x87625F056C7C4A8B, -475, -124),
+        (0xC9BCFF6034C13053, -449, -116),
+        (0x964E858C91BA2655, -422, -108),
+        (0xDFF9772470297EBD, -396, -100),
+        (0xA6DFBD9FB8E5B88F, -369, -92),
+        (0xF8A95FCF88747D94, -343, -84),
+        (0xB94470938FA89BCF, -316, -76),
+        (0x8A08F0F8BF0F156B, -289, -68),
+        (0xCDB02555653131B6, -263, -60),
+        (0x993FE2C6D07B7FAC, -236, -52),
+        (0xE45C10C42A2B3B06, -210, -44),
+        (0xAA242499697392D3, -183, -36),
+        (0xFD87B5F28300CA0E, -157, -28),
+        (0xBCE5086492111AEB, -130, -20),
+        (0x8CBCCC096F5088CC, -103, -12),
+        (0xD1B71758E219652C, -77, -4),
+        (0x9C40000000000000, -50, 4),
+        (0xE8D4A51000000000, -24, 12),
+        (0xAD78EBC5AC620000, 3, 20),
+        (0x813F3978F8940984, 30, 28),
+        (0xC097CE7BC90715B3, 56, 36),
+        (0x8F7E32CE7BEA5C70, 83, 44),
+        (0xD5D238A4ABE98068, 109, 52),
+        (0x9F4F2726179A2245, 136, 60),
+        (0xED63A231D4C4FB27, 162, 68),
+        (0xB0DE65388CC8ADA8, 189, 76),
+        (0x83C7088E1AAB65DB, 216, 84),
+        (0xC45D1DF942711D9A, 242, 92),
+        (0x924D692CA61BE758, 269, 100),
+        (0xDA01EE641A708DEA, 295, 108),
+        (0xA26DA3999AEF774A, 322, 116),
+        (0xF209787BB47D6B85, 348, 124),
+        (0xB454E4A179DD1877, 375, 132),
+        (0x865B86925B9BC5C2, 402, 140),
+        (0xC83553C5C8965D3D, 428, 148),
+        (0x952AB45CFA97A0B3, 455, 156),
+        (0xDE469FBD99A05FE3, 481, 164),
+        (0xA59BC234DB398C25, 508, 172),
+        (0xF6C69A72A3989F5C, 534, 180),
+        (0xB7DCBF5354E9BECE, 561, 188),
+        (0x88FCF317F22241E2, 588, 196),
+        (0xCC20CE9BD35C78A5, 614, 204),
+        (0x98165AF37B2153DF, 641, 212),
+        (0xE2A0B5DC971F303A, 667, 220),
+        (0xA8D9D1535CE3B396, 694, 228),
+        (0xFB9B7CD9A4A7443C, 720, 236),
+        (0xBB764C4CA7A44410, 747, 244),
+        (0x8BAB8EEFB6409C1A, 774, 252),
+        (0xD01FEF10A657842C, 800, 260),
+        (0x9B10A4E5E9913129, 827, 268),
+        (0xE7109BFBA19C0C9D, 853, 276),
+        (0xAC2820D9623BF429, 880, 284),
+        (0x80444B5E7AA7CF85, 907, 292),
+        (0xBF21E44003ACDD2D, 933, 300),
+        (0x8E679C2F5E44FF8F, 960, 308),
+        (0xD433179D9C8CB841, 986, 316),
+        (0x9E19DB92B4E31BA9, 1013, 324),
+    ];
+
+    /// The target range of the scaled exponent, as Grisu2 with 64-bit significands uses it.
+    const ALPHA: i32 = -60;
+
+    /// The digits of positive finite `value` and the power of ten they are scaled by.
+    pub(super) fn digits(value: f64) -> (Vec<u8>, i32) {
+        let bits = value.to_bits();
+        let biased = (bits >> 52) as i32;
+        let fraction = bits & ((1 << 52) - 1);
+        let v = if biased == 0 {
+            DiyFp {
+                f: fraction,
+                e: -1074,
+            }
+        } else {
+            DiyFp {
+                f: fraction | (1 << 52),
+                e: biased - 1075,
+            }
+        };
+        let lower_closer = fraction == 0 && biased > 1;
+        let m_plus = DiyFp {
+            f: 2 * v.f + 1,
+            e: v.e - 1,
+        }
+        .normalize();
+        let m_minus = if lower_closer {
+            DiyFp {
+                f: 4 * v.f - 1,
+                e: v.e - 2,
+            }
+        } else {
+            DiyFp {
+                f: 2 * v.f - 1,
+                e: v.e - 1,
+            }
+        };
+        let m_minus = DiyFp {
+            f: m_minus.f << (m_minus.e - m_plus.e),
+            e: m_plus.e,
+        };
+        let v = v.normalize();
+
+        let f = ALPHA - m_plus.e - 1;
+        let k = (f * 78913) / (1 << 18) + i32::from(f > 0);
+        let (cf, ce, ck) = CACHED_POWERS[((300 + k + 7) / 8) as usize];
+        let c = DiyFp { f: cf, e: ce };
+        let w = v.mul(c);
+        let w_minus = m_minus.mul(c);
+        let w_plus = m_plus.mul(c);
+        let lo = DiyFp {
+            f: w_minus.f + 1,
+            e: w_minus.e,
+        };
+        let hi = DiyFp {
+            f: w_plus.f - 1,
+            e: w_plus.e,
+        };
+        let mut digits = Vec::with_capacity(17);
+        let exponent = generate(&mut digits, -ck, lo, w, hi);
+        (digits, exponent)
+    }
+
+    /// Digits of a number within [lo, hi], as close to w as the last digit allows; returns the
+    /// decimal exponent, starting from `exponent`.
+    fn generate(buf: &mut Vec<u8>, mut exponent: i32, lo: DiyFp, w: DiyFp, hi: DiyFp) -> i32 {
+        let mut delta = hi.f - lo.f;
+        let mut dist = hi.f - w.f;
+        let shift = -hi.e as u32;
+        let one = 1u64 << shift;
+        let mut p1 = (hi.f >> shift) as u32;
+        let mut p2 = hi.f & (one - 1);
+
+        let mut n = p1.checked_ilog10().map_or(1, |d| d + 1);
+        let mut pow10 = 10u32.pow(n - 1);
+        while n > 0 {
+            buf.push(b'0' + (p1 / pow10) as u8);
+            p1 %= pow10;
+            n -= 1;
+            let rest = (u64::from(p1) << shift) + p2;
+            if rest <= delta {
+                exponent += n as i32;
+                round(buf, dist, delta, rest, u64::from(pow10) << shift);
+                return exponent;
+            }
+            pow10 /= 10;
+        }
+        let mut m = 0;
+        loop {
+            p2 *= 10;
+            buf.push(b'0' + (p2 >> shift) as u8);
+            p2 &= one - 1;
+            m += 1;
+            delta *= 10;
+            dist *= 10;
+            if p2 <= delta {
+                break;
+            }
+        }
+        round(buf, dist, delta, p2, one);
+        exponent - m
+    }
+
+    /// Moves the last digit down while that brings the number closer to w and keeps it in range.
+    fn round(buf: &mut [u8], dist: u64, delta: u64, mut rest: u64, ten_k: u64) {
+        let Some(last) = buf.last_mut() else {
+            return;
+        };
+        while rest < dist
+            && delta - rest >= ten_k
+            && (rest + ten_k < dist || dist - rest > rest + ten_k - dist)
+        {
+            *last -= 1;
+            rest += ten_k;
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn cached_powers_are_powers_of_ten() {
+            for &(f, e, k) in CACHED_POWERS.iter().filter(|p| (0..=36).contains(&p.2)) {
+                let exact = 10u128.pow(k as u32);
+                let scaled = if e >= 0 { exact >> e } else { exact << -e };
+                let rounded = if e > 0 {
+                    scaled + ((exact >> (e - 1)) & 1)
+                } else {
+                    scaled
+                };
+                assert_eq!(rounded, u128::from(f), "10^{k}");
+            }
+        }
+
+        #[test]
+        fn digits_read_back_to_the_value() {
+            for v in [
+                1.0,
+                0.1,
+                1.0 / 3.0,
+                6.70400438805688e17,
+                5e-324,
+                f64::MAX,
+                123.456,
+            ] {
+                let (digits, exp) = digits(v);
+                let text = format!("{}e{exp}", String::from_utf8_lossy(&digits));
+                assert_eq!(text.parse::<f64>().ok(), Some(v), "{text}");
+            }
+            assert_eq!(
+                digits(6.70400438805688e17),
+                (b"6704004388056881".to_vec(), 2)
+            );
+        }
     }
 }
 
