@@ -217,6 +217,146 @@ impl SchemaDocument {
     pub fn resolve(&self, reference: &str) -> Option<&Schema> {
         self.refs.get(reference)
     }
+
+    /// The JSON types a value matching `node` may have (upstream's `value_types()`, which the
+    /// tool-call parsers use to decide how to read an argument). A `$ref` cycle adds no type.
+    pub fn value_types(&self, node: &Schema) -> ValueTypes {
+        self.value_types_within(node, &mut HashSet::new())
+    }
+
+    fn value_types_within<'s>(
+        &'s self,
+        node: &'s Schema,
+        visiting: &mut HashSet<&'s str>,
+    ) -> ValueTypes {
+        use ValueType as T;
+        match node {
+            Schema::Any => ValueTypes::ALL,
+            Schema::Null => ValueTypes::of(&[T::Null]),
+            Schema::Boolean => ValueTypes::of(&[T::Boolean]),
+            Schema::Number => ValueTypes::of(&[T::Number, T::Integer]),
+            Schema::Integer { .. } => ValueTypes::of(&[T::Integer]),
+            Schema::String { .. } => ValueTypes::of(&[T::String]),
+            Schema::Array { .. } | Schema::Tuple(_) => ValueTypes::of(&[T::Array]),
+            Schema::Object { .. } => ValueTypes::of(&[T::Object]),
+            Schema::Const(value) => ValueTypes::of(&[ValueType::of_json(value)]),
+            Schema::Enum(values) => values.iter().fold(ValueTypes::NONE, |acc, v| {
+                acc.union(ValueTypes::of(&[ValueType::of_json(v)]))
+            }),
+            Schema::Ref(reference) => match self.resolve(reference) {
+                Some(target) if visiting.insert(reference) => {
+                    let types = self.value_types_within(target, visiting);
+                    visiting.remove(reference.as_str());
+                    types
+                }
+                _ => ValueTypes::NONE,
+            },
+            Schema::AnyOf(alts) => alts.iter().fold(ValueTypes::NONE, |acc, alt| {
+                acc.union(self.value_types_within(alt, visiting))
+            }),
+            Schema::AllOf(parts) => parts.iter().fold(ValueTypes::ALL, |acc, part| {
+                acc.intersection(self.value_types_within(part, visiting))
+            }),
+        }
+    }
+
+    /// Whether a value matching `node` may be a string through any branch of it (upstream's
+    /// `may_be_string()`). An unconstrained schema counts as no string, and so does a `$ref` cycle.
+    pub fn may_be_string(&self, node: &Schema) -> bool {
+        self.may_be_string_within(node, &mut HashSet::new())
+    }
+
+    fn may_be_string_within<'s>(
+        &'s self,
+        node: &'s Schema,
+        visiting: &mut HashSet<&'s str>,
+    ) -> bool {
+        match node {
+            Schema::String { .. } => true,
+            Schema::Const(value) => value.is_string(),
+            Schema::Enum(values) => values.iter().any(Value::is_string),
+            Schema::Ref(reference) => match self.resolve(reference) {
+                Some(target) if visiting.insert(reference) => {
+                    let result = self.may_be_string_within(target, visiting);
+                    visiting.remove(reference.as_str());
+                    result
+                }
+                _ => false,
+            },
+            Schema::AnyOf(alts) => alts
+                .iter()
+                .any(|alt| self.may_be_string_within(alt, visiting)),
+            // every part must allow a string; an unconstrained part constrains nothing
+            Schema::AllOf(parts) => {
+                let mut constrained = parts
+                    .iter()
+                    .filter(|p| !matches!(p, Schema::Any))
+                    .peekable();
+                constrained.peek().is_some()
+                    && constrained.all(|p| self.may_be_string_within(p, visiting))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A JSON value's type, integers apart from other numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    Null,
+    Boolean,
+    Number,
+    Integer,
+    String,
+    Array,
+    Object,
+}
+
+impl ValueType {
+    fn of_json(value: &Value) -> ValueType {
+        match value {
+            Value::Null => ValueType::Null,
+            Value::Bool(_) => ValueType::Boolean,
+            Value::Number(n) if n.is_i64() || n.is_u64() => ValueType::Integer,
+            Value::Number(_) => ValueType::Number,
+            Value::String(_) => ValueType::String,
+            Value::Array(_) => ValueType::Array,
+            Value::Object(_) => ValueType::Object,
+        }
+    }
+}
+
+/// A set of JSON value types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValueTypes(u8);
+
+impl ValueTypes {
+    pub const NONE: ValueTypes = ValueTypes(0);
+    pub const ALL: ValueTypes = ValueTypes(0x7f);
+
+    pub fn of(types: &[ValueType]) -> ValueTypes {
+        ValueTypes(types.iter().fold(0, |acc, t| acc | 1 << *t as u8))
+    }
+
+    pub fn has(self, t: ValueType) -> bool {
+        self.0 & (1 << t as u8) != 0
+    }
+
+    pub fn is_only(self, t: ValueType) -> bool {
+        self.0 == 1 << t as u8
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn union(self, other: ValueTypes) -> ValueTypes {
+        ValueTypes(self.0 | other.0)
+    }
+
+    pub fn intersection(self, other: ValueTypes) -> ValueTypes {
+        ValueTypes(self.0 & other.0)
+    }
 }
 
 struct SchemaReader<'a> {
@@ -2215,6 +2355,45 @@ mod tests {
         let err = chat_request_schema(&json!({"json_schema": {}, "grammar": "root ::= \"a\""}))
             .unwrap_err();
         assert_eq!(err.to_string(), "Cannot use both json_schema and grammar");
+    }
+
+    #[test]
+    fn value_types_and_strings_follow_every_branch() {
+        use ValueType as T;
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "n": {"type": "number"},
+                "e": {"enum": [1, "a", null]},
+                "maybe": {"type": ["string", "null"]},
+                "all": {"allOf": [{}, {"type": "string"}]},
+                "node": {"$ref": "#/$defs/node"},
+                "any": {}
+            },
+            "$defs": {"node": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/node"}]}}
+        });
+        let doc = SchemaDocument::from_json(&schema).unwrap();
+        let Schema::Object { properties, .. } = doc.root() else {
+            panic!("not an object")
+        };
+        let prop = |name: &str| &properties.iter().find(|p| p.name == name).unwrap().schema;
+        assert_eq!(
+            doc.value_types(prop("n")),
+            ValueTypes::of(&[T::Number, T::Integer])
+        );
+        assert_eq!(
+            doc.value_types(prop("e")),
+            ValueTypes::of(&[T::Integer, T::String, T::Null])
+        );
+        assert!(doc.value_types(prop("all")).is_only(T::String));
+        assert!(doc.value_types(prop("node")).is_only(T::Integer));
+        assert_eq!(doc.value_types(prop("any")), ValueTypes::ALL);
+        assert!(doc.may_be_string(prop("e")));
+        assert!(doc.may_be_string(prop("maybe")));
+        assert!(doc.may_be_string(prop("all")));
+        assert!(!doc.may_be_string(prop("n")));
+        assert!(!doc.may_be_string(prop("node")));
+        assert!(!doc.may_be_string(prop("any")));
     }
 
     #[test]
