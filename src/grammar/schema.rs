@@ -63,7 +63,9 @@ pub fn completion_schema_grammar(body: &Value) -> Result<Option<String>, SchemaE
 /// The schema an OpenAI-style chat request asks for, from its `json_schema`, `grammar` and
 /// `response_format` fields, following upstream's chat request mapping; `None` when the request
 /// constrains nothing. `{}` becomes `{"type": "object"}`. The schema may be any JSON value: a
-/// non-object one fails later, in the conversion.
+/// non-object one fails later, in the conversion. Upstream answers "Cannot use both json_schema
+/// and grammar" with 500 server_error, an unknown `response_format` type with 400
+/// invalid_request_error.
 pub fn chat_request_schema(body: &Value) -> Result<Option<Value>, SchemaError> {
     let mut schema = non_null(body, "json_schema").cloned();
     let grammar = non_null(body, "grammar")
