@@ -4,7 +4,9 @@
 //! scripts/extract-schema-grammar-cases.py; grammars recorded from the upstream server's
 //! conversion sit in server-cases.json (scripts/record-schema-grammars.sh).
 
-use bloomery::grammar::schema::{schema_to_grammar, GrammarBuilder, Schema, SchemaDocument};
+use bloomery::grammar::schema::{
+    completion_schema_grammar, schema_to_grammar, GrammarBuilder, Schema, SchemaDocument,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -69,10 +71,47 @@ fn upstream_test_cases_give_upstream_grammars() {
     );
 }
 
+/// Conversions recorded from the upstream server's /completion `json_schema` field, refusals
+/// included with the server's message (which adds `Field 'json_schema': ` to ours).
 #[test]
 fn upstream_server_conversions_give_the_same_grammars() {
     let cases = load_cases("server-cases.json");
-    let (passed, failures) = run_cases(&cases);
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    // serde_json without its float_roundtrip feature may read decimal text one unit in the last
+    // place off, and then writes another number back; this value is one it misreads so
+    let exact_floats = serde_json::from_str::<f64>("0.9399188452874343").ok()
+        == "0.9399188452874343".parse::<f64>().ok();
+    for case in &cases {
+        let name = field(case, "name");
+        if case["exact_floats"] == Value::Bool(true) && !exact_floats {
+            println!(
+                "server case {name:?} skipped: serde_json is built without its float_roundtrip \
+                 feature, so request floats can read one unit in the last place off"
+            );
+            continue;
+        }
+        let body = format!(
+            "{{\"prompt\": \"hi\", \"json_schema\": {}}}",
+            field(case, "schema")
+        );
+        let body: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("case {name}: schema is no JSON: {e}"));
+        let expected = field(case, "grammar");
+        match (field(case, "status"), completion_schema_grammar(&body)) {
+            ("SUCCESS", Ok(Some(g))) if g == format!("{expected}\n") => passed += 1,
+            ("FAILURE", Err(e)) if format!("Field 'json_schema': {e}") == field(case, "error") => {
+                passed += 1
+            }
+            ("UNCONSTRAINED", Ok(None)) => passed += 1,
+            (status, got) => failures.push(format!(
+                "{name}: expected {status}\n{expected}{}\n# ACTUAL:\n{got:?}",
+                case.get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            )),
+        }
+    }
     println!("server cases: {passed}/{} pass", cases.len());
     assert!(
         failures.is_empty(),
@@ -139,7 +178,7 @@ fn sub_schema_reference_names_the_ref_rule() {
         panic!("root is no object: {:?}", doc.root());
     };
     let mut builder = GrammarBuilder::new(false);
-    builder.add_schema("", &doc, &properties[0].schema);
+    builder.add_schema("root", &doc, &properties[0].schema);
     let grammar = builder.finish().expect("grammar builds");
     assert_eq!(
         grammar,
@@ -184,4 +223,34 @@ fn refusals_carry_upstream_messages() {
             Ok(g) => panic!("{schema} converted:\n{g}"),
         }
     }
+}
+
+/// Upstream's chat path adds a `response_format` schema to its own grammar under
+/// `response-format-schema`; these are the schema's rules of the grammar the upstream server
+/// logged for `{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}`.
+#[test]
+fn named_schema_gives_the_rules_of_upstream_chat_grammar() {
+    let schema = serde_json::json!({
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]
+    });
+    let doc = SchemaDocument::from_json(&schema).expect("schema reads");
+    let mut builder = GrammarBuilder::new(false);
+    let rule = builder.add_schema("response-format-schema", &doc, doc.root());
+    assert_eq!(rule, "response-format-schema");
+    let grammar = builder.finish().expect("grammar builds");
+    assert_eq!(
+        grammar,
+        concat!(
+            "integer ::= (\"-\"? integral-part)\n",
+            "integral-part ::= [0] | [1-9] [0-9]{0,15}\n",
+            "response-format-schema ::= \"{\" space response-format-schema-a-kv space \"}\"\n",
+            "response-format-schema-a-kv ::= \"\\\"a\\\"\" space \":\" space integer\n",
+            "space ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\n",
+        )
+    );
+    let err = SchemaDocument::from_json(&serde_json::json!({"type": "kaboom"})).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "JSON schema error at #: unrecognized type kaboom"
+    );
 }

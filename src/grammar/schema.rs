@@ -33,28 +33,39 @@ impl std::error::Error for SchemaError {}
 
 /// The GBNF grammar for `schema`, as upstream's `json_schema_to_grammar(schema)` gives it.
 pub fn schema_to_grammar(schema: &Value) -> Result<String, SchemaError> {
-    let doc = SchemaDocument::from_json(schema)?;
+    let doc = SchemaDocument::from_json(schema).map_err(|e| SchemaError::conversion(&e.0))?;
     let mut builder = GrammarBuilder::new(false);
     builder.add_schema("", &doc, doc.root());
     builder.finish()
 }
 
-/// The grammar for the `json_schema` field of a completion request, as upstream's request
-/// parser builds it when `json_schema` is present and `grammar` is absent: null or `{}` means
-/// any object, and a failure's message is prefixed with the field's name.
-pub fn json_schema_field_grammar(field: &Value) -> Result<String, SchemaError> {
+/// The grammar a completion request's `json_schema` field asks for, as upstream's request
+/// parser builds it: only when `json_schema` is present and not null and there is no `grammar`
+/// key at all (a `grammar` key, even null, makes upstream read `grammar` instead); `{}` means any
+/// object. A failure's message is prefixed with `"json_schema": ` (upstream's server then
+/// prefixes `Field 'json_schema': ` as for every field and answers 400 invalid_request_error).
+pub fn completion_schema_grammar(body: &Value) -> Result<Option<String>, SchemaError> {
+    let Some(field) = non_null(body, "json_schema") else {
+        return Ok(None);
+    };
+    if body.get("grammar").is_some() {
+        return Ok(None);
+    }
     let schema = match field {
-        Value::Null => any_object_schema(),
         Value::Object(map) if map.is_empty() => any_object_schema(),
         other => other.clone(),
     };
-    schema_to_grammar(&schema).map_err(|e| SchemaError(format!("\"json_schema\": {e}")))
+    schema_to_grammar(&schema)
+        .map(Some)
+        .map_err(|e| SchemaError(format!("\"json_schema\": {e}")))
 }
 
 /// The schema an OpenAI-style chat request asks for, from its `json_schema`, `grammar` and
 /// `response_format` fields, following upstream's chat request mapping; `None` when the request
 /// constrains nothing. `{}` becomes `{"type": "object"}`. The schema may be any JSON value: a
-/// non-object one fails later, in the conversion.
+/// non-object one fails later, in the conversion. Upstream answers "Cannot use both json_schema
+/// and grammar" with 500 server_error, an unknown `response_format` type with 400
+/// invalid_request_error.
 pub fn chat_request_schema(body: &Value) -> Result<Option<Value>, SchemaError> {
     let mut schema = non_null(body, "json_schema").cloned();
     let grammar = non_null(body, "grammar")
@@ -183,15 +194,15 @@ pub struct SchemaDocument {
 
 impl SchemaDocument {
     /// Reads `schema`, refusing what falls outside the subset the converter handles, with
-    /// upstream's message naming the JSON-pointer path of the offending node.
+    /// upstream's message naming the JSON-pointer path of the offending node (`JSON schema error
+    /// at #/...: ...`, without the `JSON schema conversion failed:` that `schema_to_grammar` adds;
+    /// upstream's chat parser generator reports it bare).
     pub fn from_json(schema: &Value) -> Result<Self, SchemaError> {
         let mut reader = SchemaReader {
             root: schema,
             refs: BTreeMap::new(),
         };
-        let root = reader
-            .node(schema, "#")
-            .map_err(|e| SchemaError::conversion(&e))?;
+        let root = reader.node(schema, "#").map_err(SchemaError)?;
         let refs = reader
             .refs
             .into_iter()
@@ -207,6 +218,146 @@ impl SchemaDocument {
     /// The target of a `$ref` node.
     pub fn resolve(&self, reference: &str) -> Option<&Schema> {
         self.refs.get(reference)
+    }
+
+    /// The JSON types a value matching `node` may have (upstream's `value_types()`, which the
+    /// tool-call parsers use to decide how to read an argument). A `$ref` cycle adds no type.
+    pub fn value_types(&self, node: &Schema) -> ValueTypes {
+        self.value_types_within(node, &mut HashSet::new())
+    }
+
+    fn value_types_within<'s>(
+        &'s self,
+        node: &'s Schema,
+        visiting: &mut HashSet<&'s str>,
+    ) -> ValueTypes {
+        use ValueType as T;
+        match node {
+            Schema::Any => ValueTypes::ALL,
+            Schema::Null => ValueTypes::of(&[T::Null]),
+            Schema::Boolean => ValueTypes::of(&[T::Boolean]),
+            Schema::Number => ValueTypes::of(&[T::Number, T::Integer]),
+            Schema::Integer { .. } => ValueTypes::of(&[T::Integer]),
+            Schema::String { .. } => ValueTypes::of(&[T::String]),
+            Schema::Array { .. } | Schema::Tuple(_) => ValueTypes::of(&[T::Array]),
+            Schema::Object { .. } => ValueTypes::of(&[T::Object]),
+            Schema::Const(value) => ValueTypes::of(&[ValueType::of_json(value)]),
+            Schema::Enum(values) => values.iter().fold(ValueTypes::NONE, |acc, v| {
+                acc.union(ValueTypes::of(&[ValueType::of_json(v)]))
+            }),
+            Schema::Ref(reference) => match self.resolve(reference) {
+                Some(target) if visiting.insert(reference) => {
+                    let types = self.value_types_within(target, visiting);
+                    visiting.remove(reference.as_str());
+                    types
+                }
+                _ => ValueTypes::NONE,
+            },
+            Schema::AnyOf(alts) => alts.iter().fold(ValueTypes::NONE, |acc, alt| {
+                acc.union(self.value_types_within(alt, visiting))
+            }),
+            Schema::AllOf(parts) => parts.iter().fold(ValueTypes::ALL, |acc, part| {
+                acc.intersection(self.value_types_within(part, visiting))
+            }),
+        }
+    }
+
+    /// Whether a value matching `node` may be a string through any branch of it (upstream's
+    /// `may_be_string()`). An unconstrained schema counts as no string, and so does a `$ref` cycle.
+    pub fn may_be_string(&self, node: &Schema) -> bool {
+        self.may_be_string_within(node, &mut HashSet::new())
+    }
+
+    fn may_be_string_within<'s>(
+        &'s self,
+        node: &'s Schema,
+        visiting: &mut HashSet<&'s str>,
+    ) -> bool {
+        match node {
+            Schema::String { .. } => true,
+            Schema::Const(value) => value.is_string(),
+            Schema::Enum(values) => values.iter().any(Value::is_string),
+            Schema::Ref(reference) => match self.resolve(reference) {
+                Some(target) if visiting.insert(reference) => {
+                    let result = self.may_be_string_within(target, visiting);
+                    visiting.remove(reference.as_str());
+                    result
+                }
+                _ => false,
+            },
+            Schema::AnyOf(alts) => alts
+                .iter()
+                .any(|alt| self.may_be_string_within(alt, visiting)),
+            // every part must allow a string; an unconstrained part constrains nothing
+            Schema::AllOf(parts) => {
+                let mut constrained = parts
+                    .iter()
+                    .filter(|p| !matches!(p, Schema::Any))
+                    .peekable();
+                constrained.peek().is_some()
+                    && constrained.all(|p| self.may_be_string_within(p, visiting))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A JSON value's type, integers apart from other numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    Null,
+    Boolean,
+    Number,
+    Integer,
+    String,
+    Array,
+    Object,
+}
+
+impl ValueType {
+    fn of_json(value: &Value) -> ValueType {
+        match value {
+            Value::Null => ValueType::Null,
+            Value::Bool(_) => ValueType::Boolean,
+            Value::Number(n) if n.is_i64() || n.is_u64() => ValueType::Integer,
+            Value::Number(_) => ValueType::Number,
+            Value::String(_) => ValueType::String,
+            Value::Array(_) => ValueType::Array,
+            Value::Object(_) => ValueType::Object,
+        }
+    }
+}
+
+/// A set of JSON value types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValueTypes(u8);
+
+impl ValueTypes {
+    pub const NONE: ValueTypes = ValueTypes(0);
+    pub const ALL: ValueTypes = ValueTypes(0x7f);
+
+    pub fn of(types: &[ValueType]) -> ValueTypes {
+        ValueTypes(types.iter().fold(0, |acc, t| acc | 1 << *t as u8))
+    }
+
+    pub fn has(self, t: ValueType) -> bool {
+        self.0 & (1 << t as u8) != 0
+    }
+
+    pub fn is_only(self, t: ValueType) -> bool {
+        self.0 == 1 << t as u8
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn union(self, other: ValueTypes) -> ValueTypes {
+        ValueTypes(self.0 | other.0)
+    }
+
+    pub fn intersection(self, other: ValueTypes) -> ValueTypes {
+        ValueTypes(self.0 & other.0)
     }
 }
 
@@ -604,12 +755,11 @@ fn write_float(f: f64, out: &mut String) {
         out.push_str("0.0");
         return;
     }
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let (digits, exponent) = grisu2::digits(f);
+    let digits = String::from_utf8_lossy(&digits).into_owned();
     let k = digits.len() as i32;
     // the value is 0.DIGITS times ten to the n
-    let n = exp.parse::<i32>().unwrap_or(0) + 1;
+    let n = k + exponent;
     if k <= n && n <= 15 {
         out.push_str(&digits);
         out.push_str(&"0".repeat((n - k) as usize));
@@ -630,6 +780,278 @@ fn write_float(f: f64, out: &mut String) {
         }
         let e = n - 1;
         out.push_str(&format!("e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs()));
+    }
+}
+
+/// Decimal digits of a double by Loitsch's Grisu2, as nlohmann's `dump()` produces them: they
+/// read back to the same double but are not always the shortest such digits (6.70400438805688e17
+/// comes out as 6.704004388056881e17), so a shortest-digits formatter would spell some constants
+/// differently from upstream.
+mod grisu2 {
+    /// A 64-bit significand and a binary exponent: `f * 2^e`.
+    #[derive(Clone, Copy)]
+    struct DiyFp {
+        f: u64,
+        e: i32,
+    }
+
+    impl DiyFp {
+        /// The upper 64 bits of the product, rounded half up.
+        fn mul(self, y: DiyFp) -> DiyFp {
+            let p = u128::from(self.f) * u128::from(y.f);
+            let h = (p >> 64) as u64 + ((p >> 63) & 1) as u64;
+            DiyFp {
+                f: h,
+                e: self.e + y.e + 64,
+            }
+        }
+
+        fn normalize(mut self) -> DiyFp {
+            let shift = self.f.leading_zeros();
+            self.f <<= shift;
+            self.e -= shift as i32;
+            self
+        }
+    }
+
+    /// 10^k for k = -300, -292, ..., 324 as `(f, e, k)` with 10^k ~ f * 2^e, f the 64-bit
+    /// significand rounded to nearest.
+    const CACHED_POWERS: [(u64, i32, i32); 79] = [
+        (0xAB70FE17C79AC6CA, -1060, -300),
+        (0xFF77B1FCBEBCDC4F, -1034, -292),
+        (0xBE5691EF416BD60C, -1007, -284),
+        (0x8DD01FAD907FFC3C, -980, -276),
+        (0xD3515C2831559A83, -954, -268),
+        (0x9D71AC8FADA6C9B5, -927, -260),
+        (0xEA9C227723EE8BCB, -901, -252),
+        (0xAECC49914078536D, -874, -244),
+        (0x823C12795DB6CE57, -847, -236),
+        (0xC21094364DFB5637, -821, -228),
+        (0x9096EA6F3848984F, -794, -220),
+        (0xD77485CB25823AC7, -768, -212),
+        (0xA086CFCD97BF97F4, -741, -204),
+        (0xEF340A98172AACE5, -715, -196),
+        (0xB23867FB2A35B28E, -688, -188),
+        (0x84C8D4DFD2C63F3B, -661, -180),
+        (0xC5DD44271AD3CDBA, -635, -172),
+        (0x936B9FCEBB25C996, -608, -164),
+        (0xDBAC6C247D62A584, -582, -156),
+        (0xA3AB66580D5FDAF6, -555, -148),
+        (0xF3E2F893DEC3F126, -529, -140),
+        (0xB5B5ADA8AAFF80B8, -502, -132),
+        (0x87625F056C7C4A8B, -475, -124),
+        (0xC9BCFF6034C13053, -449, -116),
+        (0x964E858C91BA2655, -422, -108),
+        (0xDFF9772470297EBD, -396, -100),
+        (0xA6DFBD9FB8E5B88F, -369, -92),
+        (0xF8A95FCF88747D94, -343, -84),
+        (0xB94470938FA89BCF, -316, -76),
+        (0x8A08F0F8BF0F156B, -289, -68),
+        (0xCDB02555653131B6, -263, -60),
+        (0x993FE2C6D07B7FAC, -236, -52),
+        (0xE45C10C42A2B3B06, -210, -44),
+        (0xAA242499697392D3, -183, -36),
+        (0xFD87B5F28300CA0E, -157, -28),
+        (0xBCE5086492111AEB, -130, -20),
+        (0x8CBCCC096F5088CC, -103, -12),
+        (0xD1B71758E219652C, -77, -4),
+        (0x9C40000000000000, -50, 4),
+        (0xE8D4A51000000000, -24, 12),
+        (0xAD78EBC5AC620000, 3, 20),
+        (0x813F3978F8940984, 30, 28),
+        (0xC097CE7BC90715B3, 56, 36),
+        (0x8F7E32CE7BEA5C70, 83, 44),
+        (0xD5D238A4ABE98068, 109, 52),
+        (0x9F4F2726179A2245, 136, 60),
+        (0xED63A231D4C4FB27, 162, 68),
+        (0xB0DE65388CC8ADA8, 189, 76),
+        (0x83C7088E1AAB65DB, 216, 84),
+        (0xC45D1DF942711D9A, 242, 92),
+        (0x924D692CA61BE758, 269, 100),
+        (0xDA01EE641A708DEA, 295, 108),
+        (0xA26DA3999AEF774A, 322, 116),
+        (0xF209787BB47D6B85, 348, 124),
+        (0xB454E4A179DD1877, 375, 132),
+        (0x865B86925B9BC5C2, 402, 140),
+        (0xC83553C5C8965D3D, 428, 148),
+        (0x952AB45CFA97A0B3, 455, 156),
+        (0xDE469FBD99A05FE3, 481, 164),
+        (0xA59BC234DB398C25, 508, 172),
+        (0xF6C69A72A3989F5C, 534, 180),
+        (0xB7DCBF5354E9BECE, 561, 188),
+        (0x88FCF317F22241E2, 588, 196),
+        (0xCC20CE9BD35C78A5, 614, 204),
+        (0x98165AF37B2153DF, 641, 212),
+        (0xE2A0B5DC971F303A, 667, 220),
+        (0xA8D9D1535CE3B396, 694, 228),
+        (0xFB9B7CD9A4A7443C, 720, 236),
+        (0xBB764C4CA7A44410, 747, 244),
+        (0x8BAB8EEFB6409C1A, 774, 252),
+        (0xD01FEF10A657842C, 800, 260),
+        (0x9B10A4E5E9913129, 827, 268),
+        (0xE7109BFBA19C0C9D, 853, 276),
+        (0xAC2820D9623BF429, 880, 284),
+        (0x80444B5E7AA7CF85, 907, 292),
+        (0xBF21E44003ACDD2D, 933, 300),
+        (0x8E679C2F5E44FF8F, 960, 308),
+        (0xD433179D9C8CB841, 986, 316),
+        (0x9E19DB92B4E31BA9, 1013, 324),
+    ];
+
+    /// The target range of the scaled exponent, as Grisu2 with 64-bit significands uses it.
+    const ALPHA: i32 = -60;
+
+    /// The digits of positive finite `value` and the power of ten they are scaled by.
+    pub(super) fn digits(value: f64) -> (Vec<u8>, i32) {
+        let bits = value.to_bits();
+        let biased = (bits >> 52) as i32;
+        let fraction = bits & ((1 << 52) - 1);
+        let v = if biased == 0 {
+            DiyFp {
+                f: fraction,
+                e: -1074,
+            }
+        } else {
+            DiyFp {
+                f: fraction | (1 << 52),
+                e: biased - 1075,
+            }
+        };
+        let lower_closer = fraction == 0 && biased > 1;
+        let m_plus = DiyFp {
+            f: 2 * v.f + 1,
+            e: v.e - 1,
+        }
+        .normalize();
+        let m_minus = if lower_closer {
+            DiyFp {
+                f: 4 * v.f - 1,
+                e: v.e - 2,
+            }
+        } else {
+            DiyFp {
+                f: 2 * v.f - 1,
+                e: v.e - 1,
+            }
+        };
+        let m_minus = DiyFp {
+            f: m_minus.f << (m_minus.e - m_plus.e),
+            e: m_plus.e,
+        };
+        let v = v.normalize();
+
+        let f = ALPHA - m_plus.e - 1;
+        let k = (f * 78913) / (1 << 18) + i32::from(f > 0);
+        let (cf, ce, ck) = CACHED_POWERS[((300 + k + 7) / 8) as usize];
+        let c = DiyFp { f: cf, e: ce };
+        let w = v.mul(c);
+        let w_minus = m_minus.mul(c);
+        let w_plus = m_plus.mul(c);
+        let lo = DiyFp {
+            f: w_minus.f + 1,
+            e: w_minus.e,
+        };
+        let hi = DiyFp {
+            f: w_plus.f - 1,
+            e: w_plus.e,
+        };
+        let mut digits = Vec::with_capacity(17);
+        let exponent = generate(&mut digits, -ck, lo, w, hi);
+        (digits, exponent)
+    }
+
+    /// Digits of a number within [lo, hi], as close to w as the last digit allows; returns the
+    /// decimal exponent, starting from `exponent`.
+    fn generate(buf: &mut Vec<u8>, mut exponent: i32, lo: DiyFp, w: DiyFp, hi: DiyFp) -> i32 {
+        let mut delta = hi.f - lo.f;
+        let mut dist = hi.f - w.f;
+        let shift = -hi.e as u32;
+        let one = 1u64 << shift;
+        let mut p1 = (hi.f >> shift) as u32;
+        let mut p2 = hi.f & (one - 1);
+
+        let mut n = p1.checked_ilog10().map_or(1, |d| d + 1);
+        let mut pow10 = 10u32.pow(n - 1);
+        while n > 0 {
+            buf.push(b'0' + (p1 / pow10) as u8);
+            p1 %= pow10;
+            n -= 1;
+            let rest = (u64::from(p1) << shift) + p2;
+            if rest <= delta {
+                exponent += n as i32;
+                round(buf, dist, delta, rest, u64::from(pow10) << shift);
+                return exponent;
+            }
+            pow10 /= 10;
+        }
+        let mut m = 0;
+        loop {
+            p2 *= 10;
+            buf.push(b'0' + (p2 >> shift) as u8);
+            p2 &= one - 1;
+            m += 1;
+            delta *= 10;
+            dist *= 10;
+            if p2 <= delta {
+                break;
+            }
+        }
+        round(buf, dist, delta, p2, one);
+        exponent - m
+    }
+
+    /// Moves the last digit down while that brings the number closer to w and keeps it in range.
+    fn round(buf: &mut [u8], dist: u64, delta: u64, mut rest: u64, ten_k: u64) {
+        let Some(last) = buf.last_mut() else {
+            return;
+        };
+        while rest < dist
+            && delta - rest >= ten_k
+            && (rest + ten_k < dist || dist - rest > rest + ten_k - dist)
+        {
+            *last -= 1;
+            rest += ten_k;
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn cached_powers_are_powers_of_ten() {
+            for &(f, e, k) in CACHED_POWERS.iter().filter(|p| (0..=36).contains(&p.2)) {
+                let exact = 10u128.pow(k as u32);
+                let scaled = if e >= 0 { exact >> e } else { exact << -e };
+                let rounded = if e > 0 {
+                    scaled + ((exact >> (e - 1)) & 1)
+                } else {
+                    scaled
+                };
+                assert_eq!(rounded, u128::from(f), "10^{k}");
+            }
+        }
+
+        #[test]
+        fn digits_read_back_to_the_value() {
+            for v in [
+                1.0,
+                0.1,
+                1.0 / 3.0,
+                6.70400438805688e17,
+                5e-324,
+                f64::MAX,
+                123.456,
+            ] {
+                let (digits, exp) = digits(v);
+                let text = format!("{}e{exp}", String::from_utf8_lossy(&digits));
+                assert_eq!(text.parse::<f64>().ok(), Some(v), "{text}");
+            }
+            assert_eq!(
+                digits(6.70400438805688e17),
+                (b"6704004388056881".to_vec(), 2)
+            );
+        }
     }
 }
 
@@ -1132,10 +1554,10 @@ impl GrammarBuilder {
         key
     }
 
-    /// Adds the rules for `node` of `doc` under `name` ("" for the root); returns the rule that
-    /// matches it.
+    /// Adds the rules for `node` of `doc` under `name` ("" or "root" for the grammar's root);
+    /// returns the rule that matches it.
     pub fn add_schema(&mut self, name: &str, doc: &SchemaDocument, node: &Schema) -> String {
-        self.visit(doc, node, name)
+        self.visit(doc, node, if name == "root" { "" } else { name })
     }
 
     /// The grammar text, or upstream's failure when a pattern was invalid, a reference unresolved.
@@ -1935,6 +2357,45 @@ mod tests {
         let err = chat_request_schema(&json!({"json_schema": {}, "grammar": "root ::= \"a\""}))
             .unwrap_err();
         assert_eq!(err.to_string(), "Cannot use both json_schema and grammar");
+    }
+
+    #[test]
+    fn value_types_and_strings_follow_every_branch() {
+        use ValueType as T;
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "n": {"type": "number"},
+                "e": {"enum": [1, "a", null]},
+                "maybe": {"type": ["string", "null"]},
+                "all": {"allOf": [{}, {"type": "string"}]},
+                "node": {"$ref": "#/$defs/node"},
+                "any": {}
+            },
+            "$defs": {"node": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/node"}]}}
+        });
+        let doc = SchemaDocument::from_json(&schema).unwrap();
+        let Schema::Object { properties, .. } = doc.root() else {
+            panic!("not an object")
+        };
+        let prop = |name: &str| &properties.iter().find(|p| p.name == name).unwrap().schema;
+        assert_eq!(
+            doc.value_types(prop("n")),
+            ValueTypes::of(&[T::Number, T::Integer])
+        );
+        assert_eq!(
+            doc.value_types(prop("e")),
+            ValueTypes::of(&[T::Integer, T::String, T::Null])
+        );
+        assert!(doc.value_types(prop("all")).is_only(T::String));
+        assert!(doc.value_types(prop("node")).is_only(T::Integer));
+        assert_eq!(doc.value_types(prop("any")), ValueTypes::ALL);
+        assert!(doc.may_be_string(prop("e")));
+        assert!(doc.may_be_string(prop("maybe")));
+        assert!(doc.may_be_string(prop("all")));
+        assert!(!doc.may_be_string(prop("n")));
+        assert!(!doc.may_be_string(prop("node")));
+        assert!(!doc.may_be_string(prop("any")));
     }
 
     #[test]
