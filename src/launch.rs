@@ -489,6 +489,10 @@ impl ChatRenderer for Templates {
         self.0.pick(None).source().to_string()
     }
 
+    fn jinja(&self) -> bool {
+        self.0.renderer == Renderer::Jinja
+    }
+
     fn parse_reply(
         &self,
         prompt: &str,

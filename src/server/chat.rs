@@ -18,6 +18,12 @@ pub trait ChatRenderer: Send + Sync {
     /// The template source, as `/props` reports it.
     fn source(&self) -> String;
 
+    /// Whether prompts come from a Jinja template (upstream's chat parser then shapes JSON
+    /// replies) rather than a built-in format (`--no-jinja`).
+    fn jinja(&self) -> bool {
+        true
+    }
+
     /// A finished reply split into content, reasoning and tool calls as the template's family
     /// writes them (upstream's chat parsing); `prompt` is the rendered prompt the reply follows.
     /// By default everything is content.

@@ -558,35 +558,45 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
             TaskError::new(kind, e)
         })?;
     let mut out = body.as_object().cloned().unwrap_or_default();
-    if let Some(schema) = response_schema {
-        // Upstream's chat parser builds the reply's grammar: the generation prompt, then the
-        // schema's JSON alone or in a ```json fence, with whitespace around it.
-        let generation_prompt = if add_generation_prompt {
-            let without = chat
-                .render(messages, &tools, false, &kwargs)
-                .map_err(TaskError::invalid)?;
-            generation_suffix(&without, &prompt).to_string()
-        } else {
-            String::new()
-        };
-        let schema_rules =
-            grammar::schema_rules(&schema, RESPONSE_SCHEMA_RULE).map_err(|e| {
+    match response_schema {
+        // Upstream's chat parser builds the reply's grammar from an object schema: the
+        // generation prompt, then the schema's JSON alone or in a ```json fence, with
+        // whitespace around it (other schemas constrain nothing there).
+        Some(schema) if chat.jinja() && schema.as_object().is_some_and(|o| !o.is_empty()) => {
+            let generation_prompt = if add_generation_prompt {
+                let without = chat
+                    .render(messages, &tools, false, &kwargs)
+                    .map_err(TaskError::invalid)?;
+                generation_suffix(&without, &prompt).to_string()
+            } else {
+                String::new()
+            };
+            let schema_rules = grammar::schema_rules(&schema, RESPONSE_SCHEMA_RULE).map_err(|e| {
                 TaskError::invalid(format!(
                     "Unable to generate parser for this template. Automatic parser generation failed: {}",
                     e.to_string()
                         .trim_start_matches("JSON schema conversion failed:\n")
                 ))
             })?;
-        out.insert(
-            "grammar".into(),
-            json!(grammar::response_format_grammar(
-                &schema_rules,
-                RESPONSE_SCHEMA_RULE,
-                &generation_prompt
-            )),
-        );
-        out.insert("grammar_type".into(), json!("tool_calls"));
-        out.insert("generation_prompt".into(), json!(generation_prompt));
+            out.insert(
+                "grammar".into(),
+                json!(grammar::response_format_grammar(
+                    &schema_rules,
+                    RESPONSE_SCHEMA_RULE,
+                    &generation_prompt
+                )),
+            );
+            out.insert("grammar_type".into(), json!("tool_calls"));
+            out.insert("generation_prompt".into(), json!(generation_prompt));
+        }
+        // Built-in formats take the schema's grammar as it is.
+        Some(schema) if !chat.jinja() => {
+            let text = schema::schema_to_grammar(&schema)
+                .map_err(|e| TaskError::invalid(e.to_string()))?;
+            out.insert("grammar".into(), json!(text));
+            out.insert("grammar_type".into(), json!("tool_calls"));
+        }
+        _ => {}
     }
     out.insert("prompt".into(), json!(prompt));
     match body.get("stop") {
@@ -854,7 +864,12 @@ async fn handle_completion(
     let body = parse_body(&body)?;
     // A chat request asking for a JSON response (checked on the request as sent: the body
     // passed on carries the grammar built for it).
-    let json_reply = schema::chat_request_schema(&body).is_ok_and(|s| s.is_some());
+    let json_reply = r.chat.jinja()
+        && schema::chat_request_schema(&body).is_ok_and(|s| {
+            s.as_ref()
+                .and_then(Value::as_object)
+                .is_some_and(|o| !o.is_empty())
+        });
     let data = match kind {
         ResponseKind::OaiChat => chat_to_completion(&body, r.chat.as_ref())?,
         ResponseKind::Anthropic => chat_to_completion(&anthropic_to_chat(&body)?, r.chat.as_ref())?,

@@ -369,10 +369,9 @@ pub fn parse_task_params(
 /// there is no `grammar` key; otherwise a string `grammar` is GBNF (from a chat template's tool
 /// calls when `grammar_type` says so, the user's otherwise) and any other value is ignored.
 fn parse_grammar(body: &Value, p: &mut TaskParams) -> Result<(), TaskError> {
-    let schema_field = body.get("json_schema").filter(|v| !v.is_null());
-    if let Some(field) = schema_field.filter(|_| body.get("grammar").is_none()) {
-        let text =
-            schema::json_schema_field_grammar(field).map_err(|e| field_error("json_schema", e))?;
+    if let Some(text) =
+        schema::completion_schema_grammar(body).map_err(|e| field_error("json_schema", e))?
+    {
         p.sampling.grammar = Some(GrammarSource {
             text,
             origin: GrammarOrigin::Schema,
