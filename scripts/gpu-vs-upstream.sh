@@ -5,6 +5,8 @@
 # answers the same /completion requests (temperature 0, n_probs 5); scripts/compare-completions.py
 # prints, per model and engine, how many tokens equal upstream's and the largest logprob gap.
 # Needs .device/ from scripts/device-pack.sh. Results go to $OUT (or ./gpu-vs-upstream).
+# MODELS="llama-q4_0 ..." runs only those models; DETAIL=1 prints where each prompt first differs;
+# UPCPU=1 also runs upstream on its CPU backend, measuring upstream's own CPU-to-card gap.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 D="${BLOOMERY_BIN:-.device}"
@@ -24,9 +26,10 @@ if [ ! -x "$UP" ]; then
 fi
 
 models=()
-make() { # name preset [make-synthetic options]
+make() { # name preset [make-synthetic options]; MODELS="a b" keeps only those
   local name=$1 preset=$2
   shift 2
+  [ -z "${MODELS:-}" ] || [[ " $MODELS " == *" $name "* ]] || return 0
   [ -f "$W/models/$name.gguf" ] ||
     "$D/make-synthetic" --preset "$preset" --vocab "$D/vocab.gguf" --out "$W/models/$name.gguf" "$@" >/dev/null
   models+=("$name")
@@ -72,5 +75,7 @@ for m in "${models[@]}"; do
   ask upstream "$m" "$UP" -ngl 99 -fa on
   ask card "$m" "$D/bloomery-serve" -ngl 99
   ask cpu "$m" "$D/bloomery-serve" -ngl 0 -t "$(nproc)"
+  # upstream against itself: its CPU backend only (`-dev none`), for the size of its own gap
+  [ -z "${UPCPU:-}" ] || ask upcpu "$m" "$UP" -dev none -t "$(nproc)"
 done
-python3 scripts/compare-completions.py "$R" "${models[@]}"
+python3 scripts/compare-completions.py ${DETAIL:+--detail} "$R" "${models[@]}"
