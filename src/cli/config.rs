@@ -634,6 +634,7 @@ impl SamplingDefaults {
                 }),
                 None => None,
             },
+            ..SamplingParams::default()
         }
     }
 }

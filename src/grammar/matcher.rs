@@ -385,6 +385,18 @@ impl Grammar {
     }
 }
 
+/// Where a trigger pattern matched `text`: its first non-empty capture group, else the match.
+fn trigger_start(pattern: &regex::bytes::Regex, text: &[u8]) -> Option<usize> {
+    let caps = pattern.captures(text)?;
+    let group = caps
+        .iter()
+        .skip(1)
+        .flatten()
+        .find(|m| !m.is_empty())
+        .map(|m| m.start());
+    Some(group.unwrap_or_else(|| caps.get(0).map_or(0, |m| m.start())))
+}
+
 fn char_value(e: Elem) -> u32 {
     match e {
         Elem::Char(c) | Elem::CharNot(c) | Elem::CharAlt(c) | Elem::RangeUpper(c) => c,
@@ -415,12 +427,29 @@ impl Candidate {
     }
 }
 
+/// What wakes a lazy grammar: one of these tokens, or text matching one of these patterns.
+#[derive(Clone, Debug, Default)]
+pub struct Triggers {
+    pub tokens: Vec<u32>,
+    pub patterns: Vec<regex::bytes::Regex>,
+}
+
+/// A lazy grammar still waiting for its trigger: the text generated so far and where each
+/// token's piece lies in it, for the replay once a pattern matches.
+#[derive(Clone, Debug)]
+struct Waiting {
+    triggers: Triggers,
+    text: Vec<u8>,
+    pieces: Vec<(u32, usize, usize)>,
+}
+
 /// One generation's position in a grammar.
 #[derive(Clone, Debug)]
 pub struct GrammarState {
     grammar: Arc<Grammar>,
     stacks: Vec<Stack>,
     partial: Partial,
+    waiting: Option<Waiting>,
 }
 
 impl GrammarState {
@@ -429,6 +458,21 @@ impl GrammarState {
             stacks: grammar.start.clone(),
             grammar,
             partial: Partial::default(),
+            waiting: None,
+        }
+    }
+
+    /// A lazy grammar (upstream's `grammar_lazy`): it constrains nothing until a trigger token
+    /// is generated or the generated text matches a trigger pattern; then it applies from the
+    /// trigger on (a pattern's first non-empty group, else the whole match, marks where).
+    pub fn lazy(grammar: Arc<Grammar>, triggers: Triggers) -> Self {
+        GrammarState {
+            waiting: Some(Waiting {
+                triggers,
+                text: Vec::new(),
+                pieces: Vec::new(),
+            }),
+            ..GrammarState::new(grammar)
         }
     }
 
@@ -440,6 +484,9 @@ impl GrammarState {
     /// Which of `ids` the grammar allows next, as a mask in the same order. End-of-generation
     /// tokens are allowed only where the grammar may end; empty pieces never are.
     pub fn allowed(&self, ids: &[u32], texts: &TokenTexts) -> Vec<bool> {
+        if self.waiting.is_some() {
+            return vec![true; ids.len()];
+        }
         let allow_eog = self.can_end();
         let mut mask = vec![false; ids.len()];
         let mut cands = Vec::with_capacity(ids.len());
@@ -476,6 +523,32 @@ impl GrammarState {
 
     /// Advances past a sampled token. Refuses a token the grammar cannot take.
     pub fn accept(&mut self, id: u32, texts: &TokenTexts) -> Result<(), GrammarError> {
+        if let Some(w) = &mut self.waiting {
+            let piece = texts.piece(id);
+            if w.triggers.tokens.contains(&id) {
+                self.waiting = None;
+                return self.accept_piece(id, piece);
+            }
+            let start = w.text.len();
+            w.text.extend_from_slice(piece);
+            w.pieces.push((id, start, w.text.len()));
+            let Some(from) = w
+                .triggers
+                .patterns
+                .iter()
+                .find_map(|p| trigger_start(p, &w.text))
+            else {
+                return Ok(());
+            };
+            // Replay the pieces from the trigger on (the first one cut at the trigger).
+            let Some(w) = self.waiting.take() else {
+                return Ok(());
+            };
+            for &(tok, start, end) in w.pieces.iter().filter(|p| p.2 > from) {
+                self.accept_piece(tok, &w.text[start.max(from)..end])?;
+            }
+            return Ok(());
+        }
         if texts.is_eog(id) {
             return if self.can_end() {
                 Ok(())

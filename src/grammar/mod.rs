@@ -11,7 +11,7 @@ mod gbnf;
 mod matcher;
 
 pub use gbnf::GrammarError;
-pub use matcher::{Grammar, GrammarState, TokenTexts};
+pub use matcher::{Grammar, GrammarState, TokenTexts, Triggers};
 
 /// The GBNF rules for `schema` with its root rule named `name` (upstream's converter names the
 /// root `root` when given no name).

@@ -107,3 +107,48 @@ fn token_terminals_match_ids_not_text() {
     assert_eq!(st.allowed(&[0, 1, 2], &texts), [true, true, false]);
     assert!(st.accept(2, &texts).is_err());
 }
+
+#[test]
+fn a_lazy_grammar_waits_for_its_trigger_and_replays_from_it() {
+    // Tokens: 0 "hi ", 1 "<c", 2 "all>", 3 "x", 4 "y", 5 end of generation.
+    let pieces: Vec<&[u8]> = vec![b"hi ", b"<c", b"all>", b"x", b"y", b"</s>"];
+    let texts = TokenTexts::new(pieces.len(), |t| pieces[t as usize].to_vec(), |t| t == 5);
+    let g = grammar("root ::= \"<call>\" \"x\"+\n");
+    let triggers = Triggers {
+        tokens: Vec::new(),
+        patterns: vec![regex::bytes::Regex::new(&regex::escape("<call>")).unwrap()],
+    };
+    let mut st = GrammarState::lazy(g, triggers);
+    let ids: Vec<u32> = (0..6).collect();
+    // Waiting: anything goes, the end included.
+    assert!(st.allowed(&ids, &texts).iter().all(|&ok| ok));
+    st.accept(0, &texts).unwrap();
+    st.accept(1, &texts).unwrap();
+    assert!(st.allowed(&ids, &texts).iter().all(|&ok| ok));
+    // "<call>" is now complete across two tokens: the grammar takes over after it.
+    st.accept(2, &texts).unwrap();
+    assert_eq!(
+        st.allowed(&ids, &texts),
+        [false, false, false, true, false, false]
+    );
+    st.accept(3, &texts).unwrap();
+    assert!(st.allowed(&ids, &texts)[5], "may end after one x");
+}
+
+#[test]
+fn a_trigger_token_wakes_a_lazy_grammar_with_that_token() {
+    let pieces: Vec<&[u8]> = vec![b"a", b"[", b"1", b"]"];
+    let texts = TokenTexts::new(pieces.len(), |t| pieces[t as usize].to_vec(), |_| false);
+    let g = grammar("root ::= \"[\" [0-9]+ \"]\"\n");
+    let triggers = Triggers {
+        tokens: vec![1],
+        patterns: Vec::new(),
+    };
+    let mut st = GrammarState::lazy(g, triggers);
+    st.accept(0, &texts).unwrap();
+    st.accept(1, &texts).unwrap();
+    assert_eq!(
+        st.allowed(&[0, 1, 2, 3], &texts),
+        [false, false, true, false]
+    );
+}

@@ -46,6 +46,54 @@ impl GrammarSource {
     }
 }
 
+/// What wakes a lazy grammar (upstream's `common_grammar_trigger`; `type_code` is its number).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GrammarTrigger {
+    /// A token, named by the word it stands for.
+    Token { token: u32, word: String },
+    /// Literal text anywhere in the output.
+    Word(String),
+    /// A regular expression found anywhere in the output.
+    Pattern(String),
+    /// A regular expression the whole output must match.
+    PatternFull(String),
+}
+
+impl GrammarTrigger {
+    pub fn type_code(&self) -> i64 {
+        match self {
+            GrammarTrigger::Token { .. } => 0,
+            GrammarTrigger::Word(_) => 1,
+            GrammarTrigger::Pattern(_) => 2,
+            GrammarTrigger::PatternFull(_) => 3,
+        }
+    }
+
+    pub fn value(&self) -> &str {
+        match self {
+            GrammarTrigger::Token { word, .. } => word,
+            GrammarTrigger::Word(v)
+            | GrammarTrigger::Pattern(v)
+            | GrammarTrigger::PatternFull(v) => v,
+        }
+    }
+
+    /// The regular expression the grammar waits for (none for a token trigger).
+    pub fn pattern(&self) -> Option<String> {
+        match self {
+            GrammarTrigger::Token { .. } => None,
+            GrammarTrigger::Word(w) => Some(regex::escape(w)),
+            GrammarTrigger::Pattern(p) => Some(p.clone()),
+            GrammarTrigger::PatternFull(p) if p.is_empty() => Some("^$".into()),
+            GrammarTrigger::PatternFull(p) => Some(format!(
+                "{}{p}{}",
+                if p.starts_with('^') { "" } else { "^" },
+                if p.ends_with('$') { "" } else { "$" }
+            )),
+        }
+    }
+}
+
 /// A configurable stage of the chain, named as upstream's `samplers` option names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SamplerType {
@@ -195,6 +243,11 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output must follow, if any.
     pub grammar: Option<GrammarSource>,
+    /// The grammar waits for one of `grammar_triggers` before it constrains anything.
+    pub grammar_lazy: bool,
+    pub grammar_triggers: Vec<GrammarTrigger>,
+    /// Tokens a trigger word may stand for (`preserved_tokens`).
+    pub preserved_tokens: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -240,6 +293,9 @@ impl Default for SamplingParams {
             ],
             logit_bias: Vec::new(),
             grammar: None,
+            grammar_lazy: false,
+            grammar_triggers: Vec::new(),
+            preserved_tokens: Vec::new(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Results to JSON in upstream's shapes: native `/completion`, OpenAI completions and chat
 //! (whole and streamed chunks), errors, timings and token probabilities.
 
+use crate::sampling::GrammarTrigger;
 use serde_json::{json, Map, Value};
 
 use super::chat::Reply;
@@ -185,9 +186,20 @@ pub fn params_json(p: &TaskParams, only_metrics: bool) -> Value {
                 .collect(),
         );
         o["grammar"] = json!(s.grammar.as_ref().map_or("", |g| g.text.as_str()));
-        o["grammar_lazy"] = json!(false);
-        o["grammar_triggers"] = json!([]);
-        o["preserved_tokens"] = json!([]);
+        o["grammar_lazy"] = json!(s.grammar_lazy);
+        o["grammar_triggers"] = Value::Array(
+            s.grammar_triggers
+                .iter()
+                .map(|t| {
+                    let mut j = json!({"type": t.type_code(), "value": t.value()});
+                    if let GrammarTrigger::Token { token, .. } = t {
+                        j["token"] = json!(token);
+                    }
+                    j
+                })
+                .collect(),
+        );
+        o["preserved_tokens"] = json!(s.preserved_tokens);
     }
     o
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::codec::TextCodec;
 use super::task::{TaskError, TaskParams};
 use crate::grammar::schema;
-use crate::sampling::{GrammarOrigin, GrammarSource, SamplerType};
+use crate::sampling::{GrammarOrigin, GrammarSource, GrammarTrigger, SamplerType};
 
 /// What a field parser needs besides the body.
 pub struct ParseContext<'a> {
@@ -341,9 +341,11 @@ pub fn parse_task_params(
         };
     }
     parse_grammar(body, &mut p)?;
+    boolean(body, &["grammar_lazy"], &mut p.sampling.grammar_lazy)?;
     if let Some((n, v)) = lookup(body, &["generation_prompt"]) {
         p.generation_prompt = as_string(v).map_err(|e| field_error(n, e))?;
     }
+    parse_triggers(body, ctx, &mut p)?;
     if let Some(v) = body.get("samplers").filter(|v| !v.is_null()) {
         match v {
             Value::Array(_) => {
@@ -389,6 +391,70 @@ fn parse_grammar(body: &Value, p: &mut TaskParams) -> Result<(), TaskError> {
                 GrammarOrigin::User
             },
         });
+    }
+    Ok(())
+}
+
+/// `preserved_tokens` (texts that are one token each) and `grammar_triggers` (`{"type", "value",
+/// "token"}`, upstream's trigger kinds by number); a trigger word that is a single token becomes
+/// a token trigger and must be preserved.
+fn parse_triggers(
+    body: &Value,
+    ctx: &ParseContext<'_>,
+    p: &mut TaskParams,
+) -> Result<(), TaskError> {
+    let s = &mut p.sampling;
+    let one_token = |text: &str| match ctx.codec.tokenize(text, false, true)[..] {
+        [t] => Some(t),
+        _ => None,
+    };
+    if let Some(v) = body.get("preserved_tokens").filter(|v| !v.is_null()) {
+        let list = string_list(v).map_err(|e| field_error("preserved_tokens", e))?;
+        for t in list.iter().filter_map(|t| one_token(t)) {
+            if !s.preserved_tokens.contains(&t) {
+                s.preserved_tokens.push(t);
+            }
+        }
+    }
+    let Some(v) = body.get("grammar_triggers").filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let fail = |e: String| field_error("grammar_triggers", e);
+    let items = v.as_array().ok_or_else(|| fail(type_error("array", v)))?;
+    for t in items {
+        let key = |k: &str| {
+            t.get(k).ok_or_else(|| {
+                fail(format!(
+                    "[json.exception.out_of_range.403] key '{k}' not found"
+                ))
+            })
+        };
+        let kind = as_i64(key("type")?).map_err(fail)?;
+        let value = as_string(key("value")?).map_err(fail)?;
+        let trigger = match kind {
+            0 => GrammarTrigger::Token {
+                token: as_i64(key("token")?).map_err(fail)? as u32,
+                word: value,
+            },
+            1 => match one_token(&value) {
+                Some(token) if s.preserved_tokens.contains(&token) => {
+                    GrammarTrigger::Token { token, word: value }
+                }
+                Some(_) => {
+                    return Err(fail(format!(
+                        "Grammar trigger word should be marked as preserved token: {value}"
+                    )))
+                }
+                None => GrammarTrigger::Word(value),
+            },
+            2 => GrammarTrigger::Pattern(value),
+            3 => GrammarTrigger::PatternFull(value),
+            other => return Err(fail(format!("unknown grammar trigger type {other}"))),
+        };
+        s.grammar_triggers.push(trigger);
+    }
+    if s.grammar_lazy && s.grammar_triggers.is_empty() {
+        return Err(fail("Error: no triggers set for lazy grammar!".into()));
     }
     Ok(())
 }

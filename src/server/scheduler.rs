@@ -23,8 +23,8 @@ use super::task::{
     TokenOutput, TokenProb,
 };
 use crate::engine::{Batch, Forward, SeqId};
-use crate::grammar::{Grammar, GrammarState, TokenTexts};
-use crate::sampling::{token_probabilities, GrammarSource, Sampler};
+use crate::grammar::{Grammar, GrammarState, TokenTexts, Triggers};
+use crate::sampling::{token_probabilities, GrammarSource, GrammarTrigger, Sampler};
 
 /// How the scheduler runs; the server maps its own parameters onto this.
 #[derive(Clone, Debug)]
@@ -391,14 +391,20 @@ impl Scheduler {
     }
 
     /// Constrains a sampler by the grammar a request asks for, as upstream's sampler set-up
-    /// does: GBNF parsed with `<text>` terminals resolved by the vocabulary, then the generation
-    /// prompt fed through it when the grammar expects it. Errors carry upstream's message.
+    /// does: GBNF parsed with `<text>` terminals resolved by the vocabulary; a lazy grammar then
+    /// waits for its triggers, any other is fed the generation prompt when it expects it. Errors
+    /// carry upstream's message.
     fn constrain(
         &mut self,
         sampler: &mut Sampler,
+        params: &TaskParams,
         source: &GrammarSource,
-        generation_prompt: &str,
     ) -> Result<(), String> {
+        let generation_prompt = params.generation_prompt.as_str();
+        let (lazy, trigger_list) = (
+            params.sampling.grammar_lazy,
+            &params.sampling.grammar_triggers,
+        );
         if source.text.starts_with("%llguidance") {
             return Err("failed to parse grammar: llguidance is not enabled".into());
         }
@@ -421,6 +427,24 @@ impl Scheduler {
             log::error!("error parsing grammar: {e}");
             "failed to parse grammar".to_string()
         })?;
+        if lazy {
+            let mut triggers = Triggers::default();
+            for t in trigger_list {
+                match t {
+                    GrammarTrigger::Token { token, .. } => triggers.tokens.push(*token),
+                    other => {
+                        let pattern = other.pattern().unwrap_or_default();
+                        let re = regex::bytes::Regex::new(&pattern).map_err(|e| {
+                            log::error!("grammar trigger pattern {pattern:?}: {e}");
+                            format!("invalid grammar trigger pattern: {pattern}")
+                        })?;
+                        triggers.patterns.push(re);
+                    }
+                }
+            }
+            sampler.set_grammar(GrammarState::lazy(grammar, triggers), texts);
+            return Ok(());
+        }
         sampler.set_grammar(GrammarState::new(grammar), texts);
         if source.needs_prefill() && !generation_prompt.is_empty() {
             let mut tokens = codec.tokenize(generation_prompt, false, true);
@@ -664,7 +688,7 @@ impl Scheduler {
             .map_err(|e| e.0)
             .and_then(|mut sampler| {
                 if let Some(source) = &params.sampling.grammar {
-                    self.constrain(&mut sampler, source, &params.generation_prompt)?;
+                    self.constrain(&mut sampler, &params, source)?;
                 }
                 Ok(sampler)
             });
@@ -1072,7 +1096,9 @@ impl Scheduler {
             }
         };
         if let Err(e) = active.sampler.accept_generated(token) {
-            self.fail_slot(i, TaskError::new(ErrorKind::Server, e.0));
+            // upstream's request handler reports the grammar's exception this way
+            let err = TaskError::new(ErrorKind::Server, format!("got exception: {}", e.0));
+            self.fail_slot(i, err);
             return;
         }
         let now = Instant::now();
