@@ -401,6 +401,7 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
             ..TaskParams::default()
         },
         reasoning_format: (!cfg.chat.skip_chat_parsing).then(|| cfg.chat.reasoning_format.clone()),
+        reasoning_budget_message: cfg.sampling.reasoning_budget_message.clone(),
         ..ServerParams::default()
     }
 }
@@ -491,6 +492,16 @@ impl ChatRenderer for Templates {
 
     fn jinja(&self) -> bool {
         self.0.renderer == Renderer::Jinja
+    }
+
+    fn thinking_tags(&self) -> Option<(String, String)> {
+        let template = self.0.pick(None);
+        let format = OutputFormat::for_template(template, "");
+        let thinks = self.jinja()
+            && format.tools != ToolSyntax::Harmony
+            && !format.think_start.is_empty()
+            && template.source().contains(format.think_start.as_str());
+        thinks.then(|| (format.think_start.clone(), format.think_end.clone()))
     }
 
     fn parse_reply(

@@ -634,6 +634,7 @@ impl SamplingDefaults {
                 }),
                 None => None,
             },
+            reasoning_budget_tokens: self.reasoning_budget,
             ..SamplingParams::default()
         }
     }

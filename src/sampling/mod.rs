@@ -6,10 +6,12 @@
 //! Greedy decoding is not a separate path: `temperature <= 0` keeps only the best logit and the
 //! final draw then has one live candidate, exactly as upstream does.
 
+mod budget;
 mod candidates;
 mod rng;
 mod stages;
 
+pub use budget::{utf8_complete, Budget, BudgetState};
 pub use candidates::{Candidates, TokenData};
 pub use rng::{resolve_seed, Mt19937, DEFAULT_SEED};
 pub use stages::DryVocab;
@@ -248,6 +250,13 @@ pub struct SamplingParams {
     pub grammar_triggers: Vec<GrammarTrigger>,
     /// Tokens a trigger word may stand for (`preserved_tokens`).
     pub preserved_tokens: Vec<u32>,
+    /// Tokens per thinking block (-1: unlimited), the tags that open and close one, and what
+    /// is forced when the budget runs out (the message, then the first end tag).
+    pub reasoning_budget_tokens: i32,
+    pub reasoning_start: Vec<u32>,
+    pub reasoning_ends: Vec<Vec<u32>>,
+    pub reasoning_forced: Vec<u32>,
+    pub reasoning_control: bool,
 }
 
 impl Default for SamplingParams {
@@ -296,6 +305,11 @@ impl Default for SamplingParams {
             grammar_lazy: false,
             grammar_triggers: Vec::new(),
             preserved_tokens: Vec::new(),
+            reasoning_budget_tokens: -1,
+            reasoning_start: Vec::new(),
+            reasoning_ends: Vec::new(),
+            reasoning_forced: Vec::new(),
+            reasoning_control: false,
         }
     }
 }
@@ -318,7 +332,13 @@ pub struct Sampler {
     stages: Vec<Stage>,
     candidates: Candidates,
     grammar: Option<(GrammarState, Arc<TokenTexts>)>,
+    grammar_lazy: bool,
+    /// The reasoning budget, with whether each token's text ends on a whole character.
+    budget: Option<(Budget, TokenCompleteness)>,
 }
+
+/// Whether a token's text (special tokens not rendered) ends on a whole UTF-8 character.
+pub type TokenCompleteness = Arc<dyn Fn(u32) -> bool + Send + Sync>;
 
 impl Sampler {
     /// Builds the chain `params` describe. `vocab` is needed only when DRY is on.
@@ -434,7 +454,53 @@ impl Sampler {
             stages,
             candidates: Candidates::default(),
             grammar: None,
+            grammar_lazy: params.grammar_lazy,
+            budget: None,
         })
+    }
+
+    /// Adds the reasoning budget `params` describe, as upstream does: only with start and end
+    /// tags, and only when it limits something (a budget of 0 or more, a lazy grammar, or
+    /// runtime control).
+    pub fn set_budget(&mut self, params: &SamplingParams, complete: TokenCompleteness) {
+        let wanted = !params.reasoning_start.is_empty()
+            && !params.reasoning_ends.is_empty()
+            && (params.grammar_lazy
+                || params.reasoning_budget_tokens >= 0
+                || params.reasoning_control);
+        if wanted {
+            let budget = Budget::new(
+                &params.reasoning_start,
+                &params.reasoning_ends,
+                params.reasoning_forced.clone(),
+                params.reasoning_budget_tokens,
+            );
+            self.budget = Some((budget, complete));
+        }
+    }
+
+    /// Whether the grammar constrains this step: a lazy grammar stands aside inside a
+    /// thinking block the budget is tracking.
+    fn grammar_applies(&self) -> bool {
+        if self.grammar.is_none() {
+            return false;
+        }
+        match &self.budget {
+            Some((b, _)) if self.grammar_lazy => {
+                matches!(b.state(), BudgetState::Idle | BudgetState::Done)
+            }
+            _ => true,
+        }
+    }
+
+    /// Feeds the generation prompt's tokens through the reasoning budget (a template that opens
+    /// its thinking block in the prompt starts the count there).
+    pub fn prefill_budget(&mut self, tokens: &[u32]) {
+        if let Some((b, complete)) = &mut self.budget {
+            for &t in tokens {
+                b.accept(t, complete(t));
+            }
+        }
     }
 
     /// Constrains the output: from now on only tokens `state` allows are sampled, and
@@ -443,12 +509,25 @@ impl Sampler {
         self.grammar = Some((state, texts));
     }
 
-    /// Records a generated token: the grammar advances past it, then the chain's history.
+    /// Records a generated token, as upstream's order: the reasoning budget, then the grammar
+    /// (when it applied to this step; a lazy grammar that stood aside is fed the end tag that
+    /// closed the thinking block instead), then the chain's history.
     pub fn accept_generated(&mut self, token: u32) -> Result<(), SamplingError> {
+        let grammar_applied = self.grammar_applies();
+        let mut replay = Vec::new();
+        if let Some((b, complete)) = &mut self.budget {
+            b.accept(token, complete(token));
+            if !grammar_applied && b.state() == BudgetState::Done {
+                replay = b.ended_with().map(<[u32]>::to_vec).unwrap_or_default();
+            }
+        }
         if let Some((state, texts)) = &mut self.grammar {
-            state
-                .accept(token, texts)
-                .map_err(|e| SamplingError(e.to_string()))?;
+            let fed: &[u32] = if grammar_applied { &[token] } else { &replay };
+            for &t in fed {
+                state
+                    .accept(t, texts)
+                    .map_err(|e| SamplingError(e.to_string()))?;
+            }
         }
         self.accept(token);
         Ok(())
@@ -480,14 +559,14 @@ impl Sampler {
     /// pick is the row masked by the grammar and the chain run again (its stages run twice, so
     /// a seeded draw advances twice).
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
-        let picked = self.run_chain(Candidates::from_logits(logits))?;
-        let Some((state, texts)) = &self.grammar else {
+        let picked = self.run_chain(self.budgeted(logits))?;
+        let Some((state, texts)) = self.grammar.as_ref().filter(|_| self.grammar_applies()) else {
             return Ok(picked);
         };
         if state.allowed(&[picked], texts)[0] {
             return Ok(picked);
         }
-        let mut masked = Candidates::from_logits(logits);
+        let mut masked = self.budgeted(logits);
         let ids: Vec<u32> = masked.data.iter().map(|t| t.id).collect();
         for (t, ok) in masked.data.iter_mut().zip(state.allowed(&ids, texts)) {
             if !ok {
@@ -495,6 +574,18 @@ impl Sampler {
             }
         }
         self.run_chain(masked)
+    }
+
+    /// A logits row as candidates, with only the forced token left while the reasoning budget
+    /// forces its end sequence.
+    fn budgeted(&self, logits: &[f32]) -> Candidates {
+        let mut c = Candidates::from_logits(logits);
+        if let Some(forced) = self.budget.as_ref().and_then(|(b, _)| b.forced_token()) {
+            for t in c.data.iter_mut().filter(|t| t.id != forced) {
+                t.logit = f32::NEG_INFINITY;
+            }
+        }
+        c
     }
 
     fn run_chain(&mut self, candidates: Candidates) -> Result<u32, SamplingError> {

@@ -24,6 +24,12 @@ pub trait ChatRenderer: Send + Sync {
         true
     }
 
+    /// The tags that open and close the template's thinking block, when it has one (what a
+    /// reasoning budget counts between).
+    fn thinking_tags(&self) -> Option<(String, String)> {
+        None
+    }
+
     /// A finished reply split into content, reasoning and tool calls as the template's family
     /// writes them (upstream's chat parsing); `prompt` is the rendered prompt the reply follows.
     /// By default everything is content.

@@ -486,7 +486,11 @@ async fn detokenize(state: Shared, body: Bytes) -> HttpResponse {
 const MESSAGES_ERROR: &str = "Failed to parse messages:";
 
 /// Chat body to a completion body: the rendered prompt plus the OpenAI fields mapped.
-fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, TaskError> {
+fn chat_to_completion(
+    body: &Value,
+    chat: &dyn ChatRenderer,
+    server: &ServerParams,
+) -> Result<Value, TaskError> {
     let response_schema = schema::chat_request_schema(body).map_err(|e| {
         // upstream throws the two-fields conflict as a runtime error (a 500), the rest as
         // invalid arguments
@@ -598,6 +602,32 @@ fn chat_to_completion(body: &Value, chat: &dyn ChatRenderer) -> Result<Value, Ta
         }
         _ => {}
     }
+    if let Some((start, end)) = chat.thinking_tags() {
+        // Upstream hands the template's thinking tags to the reasoning budget; the budget is
+        // the request's (`thinking_budget_tokens` is an alias), else the server's.
+        let asked = ["reasoning_budget_tokens", "thinking_budget_tokens"]
+            .iter()
+            .find_map(|k| body.get(*k).and_then(Value::as_i64))
+            .filter(|&n| n != -1);
+        let budget = asked.unwrap_or(i64::from(server.defaults.sampling.reasoning_budget_tokens));
+        out.insert("reasoning_budget_tokens".into(), json!(budget));
+        out.insert("reasoning_budget_start_tag".into(), json!(start));
+        out.insert("reasoning_budget_end_tags".into(), json!([end]));
+        let message = body
+            .get("reasoning_budget_message")
+            .and_then(Value::as_str)
+            .unwrap_or(&server.reasoning_budget_message);
+        out.insert("reasoning_budget_message".into(), json!(message));
+        if !out.contains_key("generation_prompt") && add_generation_prompt {
+            let without = chat
+                .render(messages, &tools, false, &kwargs)
+                .map_err(TaskError::invalid)?;
+            out.insert(
+                "generation_prompt".into(),
+                json!(generation_suffix(&without, &prompt)),
+            );
+        }
+    }
     out.insert("prompt".into(), json!(prompt));
     match body.get("stop") {
         Some(Value::String(s)) => {
@@ -702,7 +732,7 @@ async fn apply_template(state: Shared, body: Bytes) -> HttpResponse {
     respond((|| {
         let r = ready(&state)?;
         let body = parse_body(&body)?;
-        let data = chat_to_completion(&body, r.chat.as_ref())?;
+        let data = chat_to_completion(&body, r.chat.as_ref(), &state.params)?;
         Ok(ok(json!({"prompt": data["prompt"]})))
     })())
 }
@@ -716,7 +746,7 @@ fn count_input_tokens(
 ) -> Result<HttpResponse, TaskError> {
     let r = ready(state)?;
     let body = convert(&parse_body(body)?)?;
-    let data = chat_to_completion(&body, r.chat.as_ref())?;
+    let data = chat_to_completion(&body, r.chat.as_ref(), &state.params)?;
     let n = request::tokenize_mixed(r.codec.as_ref(), &data["prompt"], true, true)?.len();
     let mut out = json!({"input_tokens": n});
     if oai {
@@ -871,10 +901,12 @@ async fn handle_completion(
                 .is_some_and(|o| !o.is_empty())
         });
     let data = match kind {
-        ResponseKind::OaiChat => chat_to_completion(&body, r.chat.as_ref())?,
-        ResponseKind::Anthropic => chat_to_completion(&anthropic_to_chat(&body)?, r.chat.as_ref())?,
+        ResponseKind::OaiChat => chat_to_completion(&body, r.chat.as_ref(), &state.params)?,
+        ResponseKind::Anthropic => {
+            chat_to_completion(&anthropic_to_chat(&body)?, r.chat.as_ref(), &state.params)?
+        }
         ResponseKind::OaiResponses => {
-            chat_to_completion(&responses_to_chat(&body)?, r.chat.as_ref())?
+            chat_to_completion(&responses_to_chat(&body)?, r.chat.as_ref(), &state.params)?
         }
         ResponseKind::OaiCompletion => {
             if body.get("echo").and_then(Value::as_bool).unwrap_or(false) {

@@ -67,6 +67,9 @@ pub struct ServerParams {
     /// `--reasoning-format`: how chat replies split thinking from content (a request's own
     /// `reasoning_format` wins); `None` (`--skip-chat-parsing`) leaves replies unparsed.
     pub reasoning_format: Option<String>,
+    /// `--reasoning-budget-message`: what chat replies get before the end tag when their
+    /// thinking budget runs out (a request's own `reasoning_budget_message` wins).
+    pub reasoning_budget_message: String,
 }
 
 impl Default for ServerParams {
@@ -95,6 +98,7 @@ impl Default for ServerParams {
             defaults: TaskParams::default(),
             build_info: format!("bloomery-{}", env!("CARGO_PKG_VERSION")),
             reasoning_format: Some("deepseek".into()),
+            reasoning_budget_message: String::new(),
         }
     }
 }

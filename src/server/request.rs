@@ -346,6 +346,7 @@ pub fn parse_task_params(
         p.generation_prompt = as_string(v).map_err(|e| field_error(n, e))?;
     }
     parse_triggers(body, ctx, &mut p)?;
+    parse_reasoning_budget(body, ctx, &mut p)?;
     if let Some(v) = body.get("samplers").filter(|v| !v.is_null()) {
         match v {
             Value::Array(_) => {
@@ -455,6 +456,63 @@ fn parse_triggers(
     }
     if s.grammar_lazy && s.grammar_triggers.is_empty() {
         return Err(fail("Error: no triggers set for lazy grammar!".into()));
+    }
+    Ok(())
+}
+
+/// `reasoning_control`, `reasoning_budget_tokens`, `reasoning_budget_start_tag`,
+/// `reasoning_budget_end_tags` (or one `reasoning_budget_end_tag`) and
+/// `reasoning_budget_message`, read in upstream's order: the message goes before the first end
+/// tag in what is forced, and nothing is forced unless the message field is present.
+fn parse_reasoning_budget(
+    body: &Value,
+    ctx: &ParseContext<'_>,
+    p: &mut TaskParams,
+) -> Result<(), TaskError> {
+    let s = &mut p.sampling;
+    let tokens = |text: &str| ctx.codec.tokenize(text, false, true);
+    boolean(body, &["reasoning_control"], &mut s.reasoning_control)?;
+    int_hard(
+        body,
+        &["reasoning_budget_tokens"],
+        -1,
+        I32_MAX,
+        &mut s.reasoning_budget_tokens,
+    )?;
+    if let Some((n, v)) = lookup(body, &["reasoning_budget_start_tag"]) {
+        s.reasoning_start = tokens(&as_string(v).map_err(|e| field_error(n, e))?);
+    }
+    if let Some((n, _)) = lookup(
+        body,
+        &["reasoning_budget_end_tags", "reasoning_budget_end_tag"],
+    ) {
+        s.reasoning_ends.clear();
+        // upstream reads the list whenever its key is there, even as null (no tags then)
+        let tags = match body.get("reasoning_budget_end_tags") {
+            Some(Value::Null) => Vec::new(),
+            Some(list @ Value::Array(_)) => string_list(list).map_err(|e| field_error(n, e))?,
+            Some(one) => vec![as_string(one).map_err(|e| field_error(n, e))?],
+            None => {
+                vec![as_string(&body["reasoning_budget_end_tag"]).map_err(|e| field_error(n, e))?]
+            }
+        };
+        s.reasoning_ends = tags
+            .iter()
+            .filter(|t| !t.is_empty())
+            .map(|t| tokens(t))
+            .collect();
+    }
+    if let Some(v) = body
+        .get("reasoning_budget_message")
+        .filter(|v| !v.is_null())
+    {
+        // upstream reads it leniently: a value that is not a string counts as ""
+        let message = v.as_str().unwrap_or_default();
+        if let Some(end) = s.reasoning_ends.first() {
+            let mut forced = tokens(message);
+            forced.extend_from_slice(end);
+            s.reasoning_forced = forced;
+        }
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ use super::task::{
 };
 use crate::engine::{Batch, Forward, SeqId};
 use crate::grammar::{Grammar, GrammarState, TokenTexts, Triggers};
-use crate::sampling::{token_probabilities, GrammarSource, GrammarTrigger, Sampler};
+use crate::sampling::{token_probabilities, utf8_complete, GrammarSource, GrammarTrigger, Sampler};
 
 /// How the scheduler runs; the server maps its own parameters onto this.
 #[derive(Clone, Debug)]
@@ -446,18 +446,8 @@ impl Scheduler {
             return Ok(());
         }
         sampler.set_grammar(GrammarState::new(grammar), texts);
-        if source.needs_prefill() && !generation_prompt.is_empty() {
-            let mut tokens = codec.tokenize(generation_prompt, false, true);
-            // Some tokenizers put a space before a leading special token; upstream skips it.
-            let first_is_space = tokens.first().is_some_and(|&t| {
-                codec
-                    .token_to_piece(t, true)
-                    .first()
-                    .is_some_and(u8::is_ascii_whitespace)
-            });
-            if first_is_space && !generation_prompt.starts_with(|c: char| c.is_ascii_whitespace()) {
-                tokens.remove(0);
-            }
+        if source.needs_prefill() {
+            let tokens = generation_prompt_tokens(codec.as_ref(), generation_prompt);
             sampler.prefill_grammar(&tokens).map_err(|e| e.0)?;
         }
         Ok(())
@@ -690,6 +680,13 @@ impl Scheduler {
                 if let Some(source) = &params.sampling.grammar {
                     self.constrain(&mut sampler, &params, source)?;
                 }
+                let codec = self.codec.clone();
+                let complete = move |t| utf8_complete(&codec.token_to_piece(t, false));
+                sampler.set_budget(&params.sampling, Arc::new(complete));
+                sampler.prefill_budget(&generation_prompt_tokens(
+                    self.codec.as_ref(),
+                    &params.generation_prompt,
+                ));
                 Ok(sampler)
             });
         let sampler = match sampler {
@@ -1449,6 +1446,26 @@ fn decode_slot_file(bytes: &[u8]) -> Option<Vec<u32>> {
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
     )
+}
+
+/// The generation prompt as tokens fed through a grammar or reasoning budget before sampling,
+/// as upstream tokenizes it: special tokens parsed, and a leading space some tokenizers put
+/// before a first special token dropped.
+fn generation_prompt_tokens(codec: &dyn TextCodec, generation_prompt: &str) -> Vec<u32> {
+    if generation_prompt.is_empty() {
+        return Vec::new();
+    }
+    let mut tokens = codec.tokenize(generation_prompt, false, true);
+    let first_is_space = tokens.first().is_some_and(|&t| {
+        codec
+            .token_to_piece(t, true)
+            .first()
+            .is_some_and(u8::is_ascii_whitespace)
+    });
+    if first_is_space && !generation_prompt.starts_with(|c: char| c.is_ascii_whitespace()) {
+        tokens.remove(0);
+    }
+    tokens
 }
 
 #[cfg(test)]
