@@ -562,19 +562,26 @@ fn chat_to_completion(
             TaskError::new(kind, e)
         })?;
     let mut out = body.as_object().cloned().unwrap_or_default();
+    let thinking = chat.thinking_tags();
+    let json_schema = response_schema
+        .as_ref()
+        .filter(|s| chat.jinja() && s.as_object().is_some_and(|o| !o.is_empty()));
+    // What the template appends to start the reply (upstream's generation prompt), needed by
+    // a response grammar and a reasoning budget.
+    let generation_prompt =
+        if add_generation_prompt && (json_schema.is_some() || thinking.is_some()) {
+            let without = chat
+                .render(messages, &tools, false, &kwargs)
+                .map_err(TaskError::invalid)?;
+            generation_suffix(&without, &prompt).to_string()
+        } else {
+            String::new()
+        };
     match response_schema {
         // Upstream's chat parser builds the reply's grammar from an object schema: the
         // generation prompt, then the schema's JSON alone or in a ```json fence, with
         // whitespace around it (other schemas constrain nothing there).
-        Some(schema) if chat.jinja() && schema.as_object().is_some_and(|o| !o.is_empty()) => {
-            let generation_prompt = if add_generation_prompt {
-                let without = chat
-                    .render(messages, &tools, false, &kwargs)
-                    .map_err(TaskError::invalid)?;
-                generation_suffix(&without, &prompt).to_string()
-            } else {
-                String::new()
-            };
+        Some(schema) if json_schema.is_some() => {
             let schema_rules = grammar::schema_rules(&schema, RESPONSE_SCHEMA_RULE).map_err(|e| {
                 TaskError::invalid(format!(
                     "Unable to generate parser for this template. Automatic parser generation failed: {}",
@@ -591,7 +598,6 @@ fn chat_to_completion(
                 )),
             );
             out.insert("grammar_type".into(), json!("tool_calls"));
-            out.insert("generation_prompt".into(), json!(generation_prompt));
         }
         // Built-in formats take the schema's grammar as it is.
         Some(schema) if !chat.jinja() => {
@@ -602,7 +608,7 @@ fn chat_to_completion(
         }
         _ => {}
     }
-    if let Some((start, end)) = chat.thinking_tags() {
+    if let Some((start, end)) = thinking {
         // Upstream hands the template's thinking tags to the reasoning budget; the budget is
         // the request's (`thinking_budget_tokens` is an alias), else the server's.
         let asked = ["reasoning_budget_tokens", "thinking_budget_tokens"]
@@ -618,15 +624,9 @@ fn chat_to_completion(
             .and_then(Value::as_str)
             .unwrap_or(&server.reasoning_budget_message);
         out.insert("reasoning_budget_message".into(), json!(message));
-        if !out.contains_key("generation_prompt") && add_generation_prompt {
-            let without = chat
-                .render(messages, &tools, false, &kwargs)
-                .map_err(TaskError::invalid)?;
-            out.insert(
-                "generation_prompt".into(),
-                json!(generation_suffix(&without, &prompt)),
-            );
-        }
+    }
+    if !generation_prompt.is_empty() {
+        out.insert("generation_prompt".into(), json!(generation_prompt));
     }
     out.insert("prompt".into(), json!(prompt));
     match body.get("stop") {
