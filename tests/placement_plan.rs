@@ -350,15 +350,21 @@ fn override_tensor_first_match_wins() {
     assert_eq!(at(&p, "blk.2.ffn_up_exps.weight"), HOST);
     assert_eq!(at(&p, "blk.2.attn_q.weight"), C1);
     assert_eq!(at(&p, "blk.0.attn_q.weight"), C0);
-    // the pinned host type and the host are the same pool; patterns search, they do not anchor
-    let p = Case::new(
-        &["-ot", "attn_(q|k)=CUDA_Host"],
-        model(4, 0),
-        cards(&[40 * GIB]),
-    )
-    .ok();
+    // patterns search, they do not anchor
+    let p = Case::new(&["-ot", "attn_(q|k)=CPU"], model(4, 0), cards(&[40 * GIB])).ok();
     assert_eq!(at(&p, "blk.3.attn_k.weight"), HOST);
     assert_eq!(at(&p, "blk.3.attn_v.weight"), C0);
+    // pinned host types are not names -ot takes: upstream's CUDA build lists and accepts only
+    // CPU and its cards (checked on an H200, session 16)
+    let pinned: [(&'static [&'static str], &str); 3] = [
+        (&["-ot", "attn_q=CUDA_Host"], "CUDA_Host"),
+        (&["-ot", "attn_q=CUDA0_Host"], "CUDA0_Host"),
+        (&["-ot", "attn_q=CPU_Host"], "CPU_Host"),
+    ];
+    for (args, name) in pinned {
+        let why = Case::new(args, model(4, 0), cards(&[40 * GIB])).refused();
+        assert!(why.contains(name), "{why}");
+    }
     // token_embd_norm runs with the first layer; blocks past the layers go with the output
     let mut m = model(4, 8);
     m.tensors

@@ -128,7 +128,8 @@ pub fn experts_to_host() -> Override {
 
 /// The user's overrides: `-ot` entries in order, then `--cpu-moe`, `-ncmoe`, `-ncffn` (upstream
 /// appends each as its option is read; bloomery's intent keeps them apart, so `-ot` comes first).
-/// `CPU` and the pinned `*_Host` types mean the host; a device name means that card.
+/// `CPU` means the host and a device name that card; nothing else is a buffer type here, as
+/// in upstream's CUDA build (which refuses the pinned `*_Host` names too).
 pub fn user_overrides(
     intent: &PlacementIntent,
     devices: &[DeviceInfo],
@@ -139,7 +140,7 @@ pub fn user_overrides(
         buffer_type,
     } in &intent.override_tensor.value
     {
-        let location = if buffer_type == "CPU" || buffer_type.ends_with("_Host") {
+        let location = if buffer_type == "CPU" {
             Location::Host
         } else {
             devices
