@@ -507,9 +507,13 @@ pub fn parse(src: &str, lookup: Option<TokenLookup>) -> Result<Rules, GrammarErr
             if let Elem::RuleRef(id) = *e {
                 let defined = p.rules.get(id as usize).is_some_and(|r| !r.is_empty());
                 if !defined {
-                    if let Some((name, _)) = p.symbols.iter().find(|(_, &v)| v == id) {
-                        return err(format!("Undefined rule identifier '{name}'"));
-                    }
+                    // A reference whose name was taken over by a generated helper rule has no
+                    // name left; upstream lets it through and reads past its rules, so it is
+                    // refused here too.
+                    return match p.symbols.iter().find(|(_, &v)| v == id) {
+                        Some((name, _)) => err(format!("Undefined rule identifier '{name}'")),
+                        None => err("Undefined rule"),
+                    };
                 }
             }
         }

@@ -152,3 +152,19 @@ fn a_trigger_token_wakes_a_lazy_grammar_with_that_token() {
         [false, false, true, false]
     );
 }
+
+#[test]
+fn a_rule_named_like_a_generated_one_is_refused_not_a_panic() {
+    // `root_1` is also the name the group in `root` generates: upstream's parser then loses
+    // the reference to the user's `root_1`.
+    let src = "root ::= (\"a\" | root_1)\nroot_1 ::= \"b\"\n";
+    if let Ok(g) = Grammar::new(src, "root", None) {
+        // whatever it accepts, matching must not panic
+        let _ = matches(&g, "a");
+        let _ = matches(&g, "b");
+    }
+    let src = "root ::= x (\"a\")\nroot_2 ::= \"b\"\nx ::= root_2\n";
+    if let Ok(g) = Grammar::new(src, "root", None) {
+        let _ = matches(&g, "ba");
+    }
+}
