@@ -278,7 +278,10 @@ fn write_json(
                 out.push_str(&float_json(f64::try_from(v.clone()).unwrap_or(f64::NAN)));
             }
         }
-        ValueKind::String => write_json_string(out, v.as_str().unwrap_or_default()),
+        // serde_json escapes strings as upstream's library does
+        ValueKind::String => {
+            out.push_str(&serde_json::Value::from(v.as_str().unwrap_or_default()).to_string())
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items = iter(v);
             out.push('[');
@@ -303,7 +306,7 @@ fn write_json(
                 newline(out);
                 for (i, (key, item)) in items.iter().enumerate() {
                     pad(out, level + 1);
-                    write_json_string(out, &to_text(key));
+                    out.push_str(&serde_json::Value::from(to_text(key)).to_string());
                     out.push_str(key_sep);
                     write_json(out, item, level + 1, indent, item_sep, key_sep);
                     if i + 1 < items.len() {
@@ -317,26 +320,6 @@ fn write_json(
         }
         _ => out.push_str("null"),
     }
-}
-
-fn write_json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 fn ensure_ascii(s: &str) -> String {

@@ -722,22 +722,11 @@ fn write_json(value: &Value, out: &mut String) {
     }
 }
 
+/// A JSON string as upstream's library writes it: `"`, `\\` and control characters escaped
+/// (`\b \f \n \r \t`, else `\u00xx`), everything else as it is, which is serde_json's
+/// escaping too.
 fn write_json_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    out.push_str(&Value::from(s).to_string());
 }
 
 /// nlohmann's float layout: plain decimals while the decimal point sits within 15 digits of the
@@ -2280,6 +2269,13 @@ impl Trie {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn json_strings_are_escaped_as_upstreams_library_escapes_them() {
+        let mut out = String::new();
+        write_json_string("a\"\\\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}é", &mut out);
+        assert_eq!(out, "\"a\\\"\\\\\\b\\f\\n\\r\\t\\u0001\\u001f\u{7f}é\"");
+    }
 
     #[test]
     fn floats_are_written_as_nlohmann_writes_them() {
