@@ -18,8 +18,8 @@ pub use output::{
     Delta, OutputFormat, ParsedMessage, ReasoningFormat, StreamParser, ToolCall, ToolSyntax,
 };
 pub use template::{
-    ChatTemplate, ChatTemplates, RenderInputs, Renderer, SpecialTokens, TemplateChoice,
-    CHATML_SOURCE,
+    generation_prompt, ChatTemplate, ChatTemplates, RenderInputs, Renderer, SpecialTokens,
+    TemplateChoice, CHATML_SOURCE,
 };
 
 /// The `chat_template_kwargs` upstream's server passes when neither the command line nor the

@@ -162,12 +162,7 @@ impl ChatTemplate {
         };
         let closed = self.apply(messages.clone(), tools.as_ref(), false, inputs, now)?;
         let opened = self.apply(messages, tools.as_ref(), true, inputs, now)?;
-        let common = closed
-            .bytes()
-            .zip(opened.bytes())
-            .take_while(|(a, b)| a == b)
-            .count();
-        let mut generation = opened[common..].to_string();
+        let mut generation = generation_prompt(&closed, &opened).to_string();
         let content = last.render_content();
         let reasoning_only =
             !last.reasoning.is_empty() && last.content.is_empty() && last.parts.is_empty();
@@ -942,6 +937,21 @@ fn render_builtin(
     Ok(format.render(&turns, add_generation_prompt))
 }
 
+/// What a rendering with the generation prompt adds to the same rendering without it: the text
+/// after their common prefix (upstream's generation prompt), cut at a character boundary.
+pub fn generation_prompt<'a>(without: &str, with: &'a str) -> &'a str {
+    let common = without
+        .bytes()
+        .zip(with.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut at = common;
+    while !with.is_char_boundary(at) {
+        at -= 1;
+    }
+    &with[at..]
+}
+
 /// The templates a model serves with: its default and, when the model ships one, a separate
 /// template for requests with tools.
 #[derive(Debug)]
@@ -1049,5 +1059,18 @@ impl ChatTemplates {
             Renderer::Jinja => self.pick(inputs.tools).render(inputs),
             Renderer::Builtin(format) => render_builtin(format, inputs),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generation_prompt;
+
+    #[test]
+    fn the_generation_prompt_is_what_follows_the_common_prefix() {
+        assert_eq!(generation_prompt("<u>hi", "<u>hi<a>\n"), "<a>\n");
+        // "é" and "è" share their first byte: the cut keeps the whole character
+        assert_eq!(generation_prompt("x é", "x è!"), "è!");
+        assert_eq!(generation_prompt("same", "same"), "");
     }
 }

@@ -573,7 +573,7 @@ fn chat_to_completion(
             let without = chat
                 .render(messages, &tools, false, &kwargs)
                 .map_err(TaskError::invalid)?;
-            generation_suffix(&without, &prompt).to_string()
+            crate::chat::generation_prompt(&without, &prompt).to_string()
         } else {
             String::new()
         };
@@ -663,22 +663,6 @@ const BOTH_SCHEMA_AND_GRAMMAR: &str = "Cannot use both json_schema and grammar";
 
 /// The name the response schema's rules take in a chat reply's grammar, as upstream names them.
 const RESPONSE_SCHEMA_RULE: &str = "response-format-schema";
-
-/// What rendering with a generation prompt added after rendering without one: the text
-/// following their common prefix, as upstream computes it.
-fn generation_suffix<'a>(without: &str, with: &'a str) -> &'a str {
-    let common = without
-        .bytes()
-        .zip(with.bytes())
-        .take_while(|(a, b)| a == b)
-        .count();
-    // A common prefix that ends inside a character would split it; back up to a boundary.
-    let mut at = common;
-    while !with.is_char_boundary(at) {
-        at -= 1;
-    }
-    &with[at..]
-}
 
 /// How a chat request's reply is parsed: the request's `reasoning_format` (else
 /// `--reasoning-format`), tool calls looked for when the request offers tools; `None` under
