@@ -17,6 +17,14 @@ pub trait TextCodec: Send + Sync {
     fn eog_tokens(&self) -> Vec<u32>;
     /// Whether tokenizing with `add_special` prepends BOS.
     fn add_bos(&self) -> bool;
+
+    /// The one token `text` (special tokens parsed) is, if it is exactly one.
+    fn single_token(&self, text: &str) -> Option<u32> {
+        match self.tokenize(text, false, true)[..] {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
 }
 
 /// DRY reads the vocabulary through the codec.

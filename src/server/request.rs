@@ -405,13 +405,9 @@ fn parse_triggers(
     p: &mut TaskParams,
 ) -> Result<(), TaskError> {
     let s = &mut p.sampling;
-    let one_token = |text: &str| match ctx.codec.tokenize(text, false, true)[..] {
-        [t] => Some(t),
-        _ => None,
-    };
     if let Some(v) = body.get("preserved_tokens").filter(|v| !v.is_null()) {
         let list = string_list(v).map_err(|e| field_error("preserved_tokens", e))?;
-        for t in list.iter().filter_map(|t| one_token(t)) {
+        for t in list.iter().filter_map(|t| ctx.codec.single_token(t)) {
             if !s.preserved_tokens.contains(&t) {
                 s.preserved_tokens.push(t);
             }
@@ -437,7 +433,7 @@ fn parse_triggers(
                 token: as_i64(key("token")?).map_err(fail)? as u32,
                 word: value,
             },
-            1 => match one_token(&value) {
+            1 => match ctx.codec.single_token(&value) {
                 Some(token) if s.preserved_tokens.contains(&token) => {
                     GrammarTrigger::Token { token, word: value }
                 }

@@ -419,10 +419,7 @@ impl Scheduler {
                 ))
             })
             .clone();
-        let lookup = |text: &str| match codec.tokenize(text, false, true)[..] {
-            [one] => Some(one),
-            _ => None,
-        };
+        let lookup = |text: &str| codec.single_token(text);
         let grammar = Grammar::new(&source.text, "root", Some(&lookup)).map_err(|e| {
             log::error!("error parsing grammar: {e}");
             "failed to parse grammar".to_string()
