@@ -368,11 +368,7 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
 pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
     let s = &cfg.serve;
     ServerParams {
-        host: s
-            .hosts
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".into()),
+        hosts: s.hosts.clone(),
         port: u16::try_from(s.port).unwrap_or(8080),
         n_parallel: shape.n_parallel,
         n_ctx_slot: shape.n_ctx_slot,
@@ -748,6 +744,7 @@ fn model_info(
     ModelInfo {
         name: aliases[0].clone(),
         aliases,
+        tags: cfg.model.tags.iter().cloned().collect(),
         path: display,
         ftype: crate::model::file_type_name(gguf),
         vocab_type: vocab_type_id(vocab.vocab_type()),
@@ -824,7 +821,16 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let n_ctx_train = inventory.n_ctx_train as usize;
     let shape = slot_shape(&cfg, plan.n_ctx as usize, n_ctx_train);
     let params = server_params(&cfg, shape);
-    let address = format!("http://{}:{}", params.host, params.port);
+    let address = params
+        .hosts
+        .iter()
+        .map(|h| match h {
+            h if h.ends_with(".sock") => format!("unix://{h}"),
+            h if h.contains(':') => format!("http://[{h}]:{}", params.port),
+            h => format!("http://{h}:{}", params.port),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     let signals = service::StopSignals::install().map_err(LaunchError::Io)?;
     let server = Server::start(params).map_err(LaunchError::Io)?;
     log::info!("listening on {address}, loading {}", path.display());
