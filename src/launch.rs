@@ -394,6 +394,8 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
             n_keep: cfg.slots.keep,
             cache_prompt: cfg.slots.cache_prompt,
             n_cache_reuse: cfg.slots.cache_reuse,
+            // upstream adds `__verbose` to every answer at the highest verbosity (-v)
+            verbose: cfg.log.verbosity > 9,
             ..TaskParams::default()
         },
         reasoning_format: (!cfg.chat.skip_chat_parsing).then(|| cfg.chat.reasoning_format.clone()),

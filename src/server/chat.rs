@@ -240,6 +240,11 @@ impl ChatRenderer for PlainChat {
     }
 }
 
+/// How a media part is refused, after its kind: multimodal input is not built, so every model
+/// is served as upstream serves one without a projector.
+pub const MEDIA_REFUSED: &str =
+    "input is not supported - hint: if this is unexpected, you may need to provide the mmproj";
+
 /// A message's content as text: a string, or the `text` parts of an array.
 pub fn content_text(content: &Value) -> Result<String, String> {
     match content {
@@ -252,6 +257,14 @@ pub fn content_text(content: &Value) -> Result<String, String> {
                     Some("text") | Some("input_text") | Some("output_text") => {
                         out.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
                     }
+                    Some(kind @ ("image_url" | "input_audio" | "input_video" | "video_url")) => {
+                        let media = match kind {
+                            "image_url" => "image",
+                            "input_audio" => "audio",
+                            _ => "video",
+                        };
+                        return Err(format!("{media} {MEDIA_REFUSED}"));
+                    }
                     Some(other) => return Err(format!("unsupported content[].type: {other}")),
                     None => return Err("Missing content part type".into()),
                 }
@@ -260,6 +273,22 @@ pub fn content_text(content: &Value) -> Result<String, String> {
         }
         _ => Err("Invalid 'content' type".into()),
     }
+}
+
+/// An Anthropic image block as an OpenAI `image_url` part (a data URL for base64 sources).
+fn anthropic_image(block: &Value) -> Option<Value> {
+    let source = block.get("source")?;
+    let field = |k: &str| source.get(k).and_then(Value::as_str);
+    let url = match field("type")? {
+        "base64" => format!(
+            "data:{};base64,{}",
+            field("media_type").unwrap_or("image/jpeg"),
+            field("data").unwrap_or("")
+        ),
+        "url" => field("url").unwrap_or("").to_string(),
+        _ => return None,
+    };
+    Some(json!({"type": "image_url", "image_url": {"url": url}}))
 }
 
 /// Anthropic Messages body to an OpenAI chat body (upstream's
@@ -316,17 +345,34 @@ pub fn anthropic_to_chat(body: &Value) -> Result<Value, TaskError> {
                         .get("tool_use_id")
                         .and_then(Value::as_str)
                         .unwrap_or("");
-                    let text = match block.get("content") {
-                        Some(Value::String(s)) => s.clone(),
-                        Some(Value::Array(items)) => items
-                            .iter()
-                            .filter(|c| c.get("type").and_then(Value::as_str) == Some("text"))
-                            .filter_map(|c| c.get("text").and_then(Value::as_str))
-                            .collect(),
-                        _ => String::new(),
+                    let content = match block.get("content") {
+                        Some(Value::String(s)) => json!(s),
+                        Some(Value::Array(items)) => {
+                            // text alone collapses to a string; with images, OpenAI parts
+                            let parts: Vec<Value> = items
+                                .iter()
+                                .filter_map(|c| match c.get("type").and_then(Value::as_str) {
+                                    Some("text") => Some(json!({"type": "text",
+                                        "text": c.get("text").and_then(Value::as_str).unwrap_or("")})),
+                                    Some("image") => anthropic_image(c),
+                                    _ => None,
+                                })
+                                .collect();
+                            if parts.iter().any(|p| p["type"] == "image_url") {
+                                Value::Array(parts)
+                            } else {
+                                json!(parts
+                                    .iter()
+                                    .filter_map(|p| p["text"].as_str())
+                                    .collect::<String>())
+                            }
+                        }
+                        _ => json!(""),
                     };
-                    tool_results.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+                    tool_results
+                        .push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                 }
+                "image" => parts.extend(anthropic_image(block)),
                 _ => {}
             }
         }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::chat::{
     anthropic_to_chat, content_text, json_reply_content, responses_to_chat, ChatRenderer,
-    JsonReplyStream, Reply, ReplyParsing, ReplyStream,
+    JsonReplyStream, Reply, ReplyParsing, ReplyStream, MEDIA_REFUSED,
 };
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
@@ -93,6 +93,18 @@ fn respond(result: Result<HttpResponse, TaskError>) -> HttpResponse {
 
 /// CORS, loading gate, API key: upstream's pre-routing handler.
 pub async fn gate(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let mut res = admit(req, next).await?;
+    // header names go out as upstream writes them (`Access-Control-Allow-Origin`): HTTP says
+    // case does not matter, but clients that copy headers into a plain map compare it
+    res.response_mut().head_mut().set_camel_case_headers(true);
+    Ok(res)
+}
+
+/// CORS, the loading gate and the API key, in front of every route.
+async fn admit(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
@@ -557,7 +569,15 @@ fn chat_to_completion(
                     "Expected 'content' to be a string or an array",
                 ));
             }
-            content_text(c).map_err(TaskError::invalid)?;
+            content_text(c).map_err(|e| {
+                // upstream throws the media refusal as a runtime error (500)
+                let kind = if e.ends_with(MEDIA_REFUSED) {
+                    ErrorKind::Server
+                } else {
+                    ErrorKind::InvalidRequest
+                };
+                TaskError::new(kind, e)
+            })?;
         }
     }
     let tools = body.get("tools").cloned().unwrap_or(Value::Null);
@@ -565,6 +585,17 @@ fn chat_to_completion(
         .get("add_generation_prompt")
         .and_then(Value::as_bool)
         .unwrap_or(true);
+    // upstream reads `true`, "content" and "reasoning_content" as asking to continue
+    let continue_final = matches!(body.get("continue_final_message"), Some(Value::Bool(true)))
+        || matches!(
+            body.get("continue_final_message").and_then(Value::as_str),
+            Some("content" | "reasoning_content")
+        );
+    if continue_final && add_generation_prompt {
+        return Err(TaskError::invalid(
+            "Cannot set both add_generation_prompt and continue_final_message to true.",
+        ));
+    }
     let kwargs = body
         .get("chat_template_kwargs")
         .cloned()
