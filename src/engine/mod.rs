@@ -128,6 +128,18 @@ pub trait Forward: Send {
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>);
     /// Copies the cached positions `[0, n)` of `src` into `dst` (prompt-cache reuse).
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32);
+    /// Starts counting (from zero) the tokens each MoE layer routes to each of its experts, for
+    /// [`route_counts`](Forward::route_counts); off until called, costing nothing then. False
+    /// when this engine does not count: only the CPU engine does, since the CUDA engine routes
+    /// on the card and counting there would read every step's choices back.
+    fn count_routes(&mut self) -> bool {
+        false
+    }
+    /// The routes counted since [`count_routes`](Forward::count_routes) (dense layers stay at
+    /// zero); `None` when not counting.
+    fn route_counts(&self) -> Option<&tier::heat::Heat> {
+        None
+    }
 }
 
 /// What `load` needs besides the file: the llama-server options that shape the engine.

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::attention::{attend, AttnMode, AttnShape};
 use super::kv::KvCache;
+use super::tier::heat::Heat;
 use super::weights::{Loader, Tensor};
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
 use crate::backend::cpu::matmul::{matmul, Activations};
@@ -72,6 +73,8 @@ pub struct Model {
     /// Pool for prompts when `-tb` differs from `-t`.
     pool_batch: Option<ThreadPool>,
     buf: Buffers,
+    /// Routes per (layer, expert) since [`Forward::count_routes`]; `None`: not counting.
+    routes: Option<Heat>,
 }
 
 #[derive(Default)]
@@ -210,6 +213,7 @@ impl Model {
             pool,
             pool_batch,
             buf: Buffers::default(),
+            routes: None,
         })
     }
 
@@ -369,6 +373,7 @@ impl Model {
                     &mut b.ffn,
                     &mut b.act,
                     &mut b.pairs,
+                    self.routes.as_mut().map(|h| (h, il as u32)),
                 ),
             }
             if let Some(w) = &layer.post_ffn_norm {
@@ -435,6 +440,15 @@ impl Forward for Model {
 
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
         self.kv.seq_cp(src, dst, n);
+    }
+
+    fn count_routes(&mut self) -> bool {
+        self.routes = Some(Heat::new(self.hp.n_layer, self.hp.n_expert, 0));
+        true
+    }
+
+    fn route_counts(&self) -> Option<&Heat> {
+        self.routes.as_ref()
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::arch::{Act, Hparams};
 use super::model::glu;
+use super::tier::heat::Heat;
 use super::weights::Tensor;
 use crate::backend::cpu::matmul::{matmul, matmul_pairs, pair_dots, Activations};
 use crate::backend::cpu::pool::{split_range, SyncPtr};
@@ -137,6 +138,8 @@ pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f3
     chosen
 }
 
+/// The MoE FFN of the `n` token rows of `cur` into `out`. With `seen` (the heat and this layer's
+/// index), every token's chosen experts are counted there; the products do not depend on it.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     pool: &ThreadPool,
@@ -148,6 +151,7 @@ pub fn moe_ffn(
     out: &mut [f32],
     abuf: &mut Activations,
     pairs_buf: &mut PairBufs,
+    seen: Option<(&mut Heat, u32)>,
 ) {
     let (ne, k, nf, n_embd) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
     let mut logits = vec![0.0; n * ne];
@@ -156,6 +160,14 @@ pub fn moe_ffn(
         .chunks_exact(ne)
         .map(|l| route(l, k, hp.expert_norm, hp.expert_scale))
         .collect();
+    if let Some((heat, layer)) = seen {
+        let mut experts = Vec::with_capacity(k);
+        for r in &routes {
+            experts.clear();
+            experts.extend(r.iter().map(|c| c.0 as u32));
+            heat.record(layer, &experts);
+        }
+    }
     // per (token, slot) expert outputs, summed in slot order at the end as ggml does
     let mut ys = vec![0.0f32; n * k * n_embd];
     let (gm, um, dm) = (gate.mat(), up.mat(), down.mat());

@@ -1,5 +1,6 @@
 //! Routing heat: how often decode routes to each expert, decaying so that residency follows what
-//! the current requests use rather than what the first ones did.
+//! the current requests use rather than what the first ones did. With a half-life of 0 it is a
+//! plain count of routes, which is what `Forward::count_routes` records for measuring skew.
 
 use super::ExpertId;
 
@@ -22,6 +23,21 @@ impl Heat {
                 0.5f32.powf(1.0 / half_life as f32)
             },
         }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.counts.len() / self.n_expert.max(1)
+    }
+
+    pub fn n_expert(&self) -> usize {
+        self.n_expert
+    }
+
+    /// The counts of layer `layer`'s experts, by expert index (empty outside the model).
+    pub fn layer(&self, layer: usize) -> &[f32] {
+        let start = (layer * self.n_expert).min(self.counts.len());
+        let end = (start + self.n_expert).min(self.counts.len());
+        &self.counts[start..end]
     }
 
     fn at(&self, id: ExpertId) -> usize {
@@ -84,6 +100,10 @@ mod tests {
                 ExpertId::new(1, 0)
             ]
         );
+        assert_eq!((h.n_layer(), h.n_expert()), (2, 4));
+        assert_eq!(h.layer(0), [0.0, 1.0, 0.0, 2.0]);
+        assert_eq!(h.layer(1), [1.0, 0.0, 0.0, 0.0]);
+        assert!(h.layer(2).is_empty(), "outside the model");
         h.step();
         h.step();
         assert!(

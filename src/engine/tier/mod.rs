@@ -2,12 +2,15 @@
 //! (`heat`), which experts hold the card's expert slots and what to swap between steps
 //! (`residency`), and the ring of card buffers that host experts stream through during a prompt
 //! pass (`ring`; the CUDA engine streams one layer's host experts per buffer). They allocate
-//! nothing and copy nothing themselves. Heat and residency are not driven by the engine yet: the
-//! card's expert copies are the plan's, fixed at load.
+//! nothing and copy nothing themselves. How uneven routing is (`skew`) says whether residency can
+//! pay. The CPU engine counts routes into a [`heat::Heat`] when asked (`Forward::count_routes`);
+//! residency is not driven by the engine yet: the card's expert copies are the plan's, fixed at
+//! load.
 
 pub mod heat;
 pub mod residency;
 pub mod ring;
+pub mod skew;
 
 /// One expert of one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
