@@ -7,9 +7,9 @@ exits 1 with the refusal on stderr before `--version` is read. The variables are
 argument, so `LLAMA_ARG_X=VALUE llama-server --version` checks a variable the same way. The options
 that answer by exiting (`--help`, `--list-devices`, ...) are run alone.
 
-Each option gets two values: a representative valid one (from its value hint, or the small table
-below where the hint is not enough) and a bad one (`x`, or a missing file for options naming a
-file), whose result is recorded whatever it is. Upstream's answers are recorded under
+Each option gets a representative valid value (from its value hint, or the small table below where
+the hint is not enough), a bad one (`x`, or a missing file for options naming a file) and, for a
+number, one with text after it (`1x`); the results of the last two are recorded whatever they are. Upstream's answers are recorded under
 compat/golden/b11434/flags/, one file per help group, so checking bloomery needs no upstream binary.
 
 Bloomery passes a case when it gives the same exit status, the same refusal line and usage head,
@@ -36,6 +36,8 @@ KNOWN = ROOT / "flags-known-differences.json"
 # (digits masked) is compared along with the exit status.
 EXITS = {"-h", "--help", "--usage", "--version", "-cl", "--cache-list", "--completion-bash",
          "--list-devices"}
+# Hints of one number.
+NUMERIC_HINTS = {"N", "<0|1>", "<0...100>", "P", "L", "SIMILARITY", "SECONDS", "PORT"}
 # Hints naming a file or folder: their bad value is a path that does not exist.
 PATH_HINTS = {"FNAME", "FILE", "PATH", "DIR", "JINJA_TEMPLATE_FILE"}
 
@@ -165,13 +167,24 @@ def bad_value(o):
     return [bad] * len(good_value(o))
 
 
+def edge_value(o):
+    """For a numeric value: a number with text after it, which std::stoi and std::stof read up
+    to the text."""
+    return ["1x"] if o.hint in NUMERIC_HINTS else None
+
+
 def make_cases(o):
     """The command lines and environments one option is checked with. `kind` is "exit" (run
-    alone), "good" or "bad" (the value), "on"/"off" for a switch's variable."""
+    alone), "good", "bad" or "edge" (the value), "on"/"off" for a switch's variable."""
     if any(s in EXITS for s in o.spellings):
         return [{"kind": "exit", "args": [s], "env": {}} for s in o.spellings]
+    values = [("good", good_value(o))]
+    if not o.is_switch():
+        values.append(("bad", bad_value(o)))
+    if edge_value(o):
+        values.append(("edge", edge_value(o)))
     cases = []
-    for kind, value in [("good", good_value(o))] + ([] if o.is_switch() else [("bad", bad_value(o))]):
+    for kind, value in values:
         for s in o.spellings:
             cases.append({"kind": kind, "args": [s] + value, "env": {}})
         if o.env:
@@ -346,7 +359,7 @@ def check_option(opt, got, baseline):
             continue
         config = res["config"]["config"]
         pending |= {n["feature"] for n in config.get("not_built", [])}
-        if case["kind"] == "bad":
+        if case["kind"] in ("bad", "edge"):
             continue
         if case["kind"] in ("good", "on") and origin_of(case) not in config.get("origins", {}).values():
             return f"{name}: ours records no origin {origin_of(case)}", pending
