@@ -15,7 +15,9 @@ compat/golden/b11434/flags/, one file per help group, so checking bloomery needs
 Bloomery passes a case when it gives the same exit status, the same refusal line and usage head,
 and, for an accepted value, `--print-config` shows that the value landed: the option's origin is the
 spelling or variable used, and the resolved values differ from the default run (for an option with
-`--no-` spellings, the two polarities differ from each other). Options whose feature is not built
+`--no-` spellings, the two polarities differ from each other), every spelling and the variable
+landing the same. Where upstream's help states a literal default (`(default: 512)`), ours must
+state the same. Options whose feature is not built
 yet are listed from `--print-config`'s `not_built`; other differences in effect are explained in
 compat/flags-known-differences.json, and anything else fails.
 """
@@ -95,6 +97,7 @@ def negative(spelling):
 class Option:
     def __init__(self, group, spellings, hint, env):
         self.group, self.spellings, self.hint, self.env = group, spellings, hint, env
+        self.help = ""
 
     def is_switch(self):
         return not self.hint
@@ -139,11 +142,28 @@ def parse_help(text):
         elif line.startswith("-"):
             spellings, hint = split_head(line)
             options.append(Option(group, spellings, hint, None))
-        else:
+            options[-1].help = line[40:]
+        elif options:
             m = re.fullmatch(r"\s*\(env: (\w+)\)", line)
-            if m and options:
+            if m:
                 options[-1].env = m.group(1)
+            else:
+                options[-1].help += " " + line.strip()
     return options
+
+
+def stated_default(help_text):
+    """The first value of the `(default: ...)` a help text states, or None."""
+    m = re.search(r"\(default: ([^)]*)\)", help_text)
+    return re.split(r"[,;]| = ", m.group(1))[0].strip().strip("'\"") if m else None
+
+
+def documented_default(help_text):
+    """The default a help text states when it is a literal value (a number, a boolean word or an
+    enum word), which both programs' help must agree on; None for a default stated in words."""
+    first = stated_default(help_text)
+    return first if first is not None and re.fullmatch(r"-?[\d.]+|true|false|enabled|disabled|auto|on|off|none|[a-z0-9_]+",
+                                 first) else None
 
 
 def good_value(o):
@@ -294,7 +314,7 @@ def upstream_answers(upstream):
             c.update(next(results))
         groups.setdefault(o.group, {"group": o.group, "options": []})["options"].append(
             {"spellings": o.spellings, "negatives": o.negatives(), "hint": o.hint, "env": o.env,
-             "cases": cs})
+             "default": documented_default(o.help), "cases": cs})
     return list(groups.values())
 
 
@@ -338,10 +358,12 @@ def origin_of(case):
     return {"env": var}
 
 
-def check_option(opt, got, baseline):
+def check_option(opt, got, baseline, our_help):
     """The first difference between upstream's recorded answers for one option and ours, or None;
-    and the features not built that our answers name."""
+    and the features not built that our answers name. `our_help` is our help text for it."""
     pending = set()
+    if opt.get("default") is not None and stated_default(our_help) != opt["default"]:
+        return f"documented default: upstream {opt['default']}, ours {stated_default(our_help)}", pending
     by_case = list(zip(opt["cases"], got))
     for case, res in by_case:
         name = case_name(case)
@@ -404,6 +426,7 @@ def check(binary, goldens):
     try:
         base = box.run(binary, {"args": [], "env": {}}, ["--print-config"])
         baseline = values(json.loads(base[1]))
+        helps = {o.spellings[0]: o.help for o in parse_help(box.run(binary, {"args": [], "env": {}}, ["--help"])[1])}
         flat = [c for g in goldens for o in g["options"] for c in o["cases"]]
         results = iter(run_all(binary, box, flat, ours=True))
     finally:
@@ -413,7 +436,7 @@ def check(binary, goldens):
         rows = []
         for o in g["options"]:
             got = [next(results) for _ in o["cases"]]
-            diff, pending = check_option(o, got, baseline)
+            diff, pending = check_option(o, got, baseline, helps.get(o["spellings"][0], ""))
             name = ", ".join(o["spellings"])
             why = next((known[s] for s in o["spellings"] if s in known), None)
             if diff and why:
