@@ -9,17 +9,17 @@ that answer by exiting (`--help`, `--list-devices`, ...) are run alone.
 
 Each option gets a representative valid value (from its value hint, or the small table below where
 the hint is not enough), a bad one (`x`, or a missing file for options naming a file) and, for a
-number, one with text after it (`1x`); the results of the last two are recorded whatever they are. Upstream's answers are recorded under
-compat/golden/b11434/flags/, one file per help group, so checking bloomery needs no upstream binary.
+number, one with text after it (`1x`); the results of the last two are recorded whatever they
+are. Upstream's answers are recorded under compat/golden/b11434/flags/, one file per help group,
+so checking bloomery needs no upstream binary.
 
 Bloomery passes a case when it gives the same exit status, the same refusal line and usage head,
 and, for an accepted value, `--print-config` shows that the value landed: the option's origin is the
-spelling or variable used, and the resolved values differ from the default run (for an option with
-`--no-` spellings, the two polarities differ from each other), every spelling and the variable
-landing the same. Where upstream's help states a literal default (`(default: 512)`), ours must
-state the same. Options whose feature is not built
-yet are listed from `--print-config`'s `not_built`; other differences in effect are explained in
-compat/flags-known-differences.json, and anything else fails.
+spelling or variable used, every spelling and the variable land the same, and the resolved values
+differ from the default run (for an option with `--no-` spellings, the two polarities differ from
+each other). Where upstream's help states a literal default (`(default: 512)`), ours must state the
+same. Options whose feature is not built yet are listed from `--print-config`'s `not_built`; other
+differences are explained in compat/flags-known-differences.json, and anything else fails.
 """
 import json
 import os
