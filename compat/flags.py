@@ -19,7 +19,8 @@ spelling or variable used, every spelling and the variable land the same, and th
 differ from the default run (for an option with `--no-` spellings, the two polarities differ from
 each other). Where upstream's help states a literal default (`(default: 512)`), ours must state the
 same. Options whose feature is not built yet are listed from `--print-config`'s `not_built`; other
-differences are explained in compat/flags-known-differences.json, and anything else fails.
+differences are explained in compat/flags-known-differences.json ("parsing": accepted or refused
+unlike upstream; "effect": parsed alike but without upstream's effect), and anything else fails.
 """
 import json
 import os
@@ -419,9 +420,13 @@ def first_change(a, b, path=""):
 
 def check(binary, goldens):
     """Runs every recorded case through bloomery. Returns (group, rows) per help group, one row
-    per option: (spellings, result, detail). An explanation for an option that no longer
+    per option: (spellings, result, detail). An explanation of a parsing difference that no longer
     differs is reported too, so the list of differences stays true."""
     known = json.loads(KNOWN.read_text())
+    spellings = {s for g in goldens for o in g["options"] for s in o["spellings"]}
+    stray = sorted(k for part in known.values() for k in part if k not in spellings)
+    if stray:
+        raise SystemExit(f"{KNOWN.name} names options upstream does not have: {', '.join(stray)}")
     box = Sandbox()
     try:
         base = box.run(binary, {"args": [], "env": {}}, ["--print-config"])
@@ -438,7 +443,8 @@ def check(binary, goldens):
             got = [next(results) for _ in o["cases"]]
             diff, pending = check_option(o, got, baseline, helps.get(o["spellings"][0], ""))
             name = ", ".join(o["spellings"])
-            why = next((known[s] for s in o["spellings"] if s in known), None)
+            why = next((known["parsing"][s] for s in o["spellings"] if s in known["parsing"]), None)
+            inert = next((known["effect"][s] for s in o["spellings"] if s in known["effect"]), None)
             if diff and why:
                 rows.append((name, "differs (explained)", f"{why}; {diff}"))
             elif diff:
@@ -447,6 +453,8 @@ def check(binary, goldens):
                 rows.append((name, "explained but equal", f"remove it from {KNOWN.name}: {why}"))
             elif pending:
                 rows.append((name, "not built yet", ", ".join(sorted(pending))))
+            elif inert:
+                rows.append((name, "effect differs", inert))
             else:
                 rows.append((name, "equal", ""))
         report.append((g["group"], rows))
@@ -470,7 +478,7 @@ def upstream_drift(live, goldens):
 
 def report_lines(report):
     """The flag part of REPORT.md: counts per help group, then every option whose effect differs."""
-    cols = ["equal", "not built yet", "differs (explained)", "differs"]
+    cols = ["equal", "not built yet", "effect differs", "differs (explained)", "differs"]
     lines = ["## Flags", "",
              "Every option of upstream's `--help`, in every spelling and through its variable, with a "
              "valid and a bad value (compat/flags.py).", "",
