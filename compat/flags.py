@@ -481,7 +481,10 @@ def report_lines(report):
     cols = ["equal", "not built yet", "effect differs", "differs (explained)", "differs"]
     lines = ["## Flags", "",
              "Every option of upstream's `--help`, in every spelling and through its variable, with a "
-             "valid and a bad value (compat/flags.py).", "",
+             "valid value, a bad one and, for a number, one with text after it; and the literal "
+             "defaults the two help texts state (compat/flags.py). \"Effect differs\": parsed as "
+             "upstream parses it, but without upstream's effect (compat/flags-known-differences.json).",
+             "",
              "| group | options | " + " | ".join(cols) + " | first difference |",
              "|---|---|" + "---|" * len(cols) + "---|"]
     for group, rows in report:
