@@ -368,11 +368,7 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
 pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
     let s = &cfg.serve;
     ServerParams {
-        host: s
-            .hosts
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".into()),
+        hosts: s.hosts.clone(),
         port: u16::try_from(s.port).unwrap_or(8080),
         n_parallel: shape.n_parallel,
         n_ctx_slot: shape.n_ctx_slot,
@@ -406,54 +402,130 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
     }
 }
 
-/// The model file(s) the source options name, fetched first for `-hf` / `-mu`.
-fn resolve_model(cfg: &Config) -> Result<PathBuf, LaunchError> {
+/// The files the source options name, fetched first for `-hf` / `-mu` and their draft and
+/// projector counterparts, as upstream fetches them.
+struct ModelFiles {
+    model: PathBuf,
+    /// The multimodal projector: `--mmproj`, `-mmu`, or the `-hf` repo's own.
+    mmproj: Option<PathBuf>,
+    /// The draft model or speculative sidecar: `-md`, or what `-hfd` (or, for `--spec-type
+    /// draft-mtp` and kin, the main repo) resolved to.
+    draft: Option<PathBuf>,
+}
+
+fn hub_error(e: hub::HubError) -> LaunchError {
+    LaunchError::Hub(e.to_string())
+}
+
+/// Whether `--spec-type` leaves the speculative method to the draft repo (upstream: `none`).
+fn spec_type_default(types: &[String]) -> bool {
+    types.iter().all(|t| t == "none")
+}
+
+fn resolve_model(cfg: &Config) -> Result<ModelFiles, LaunchError> {
     let m = &cfg.model;
+    let spec = &cfg.speculative;
+    let mm = &cfg.multimodal;
     let env = |k: &str| std::env::var(k).ok();
-    if !m.hf_repo.is_empty() {
-        let token = Some(m.hf_token.clone())
-            .filter(|t| !t.is_empty())
-            .or_else(|| std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()));
-        let req = hub::HubRequest {
-            repo: m.hf_repo.clone(),
-            file: Some(m.hf_file.clone()).filter(|f| !f.is_empty()),
-            token,
+    let non_empty = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+    let no_cache = || LaunchError::Hub("no cache directory: set LLAMA_CACHE or HOME".into());
+    let token = non_empty(&m.hf_token).or_else(|| env("HF_TOKEN").filter(|t| !t.is_empty()));
+    let hub_request = |repo: &str, file: &str| -> Result<hub::HubRequest, LaunchError> {
+        Ok(hub::HubRequest {
+            repo: repo.to_string(),
+            file: non_empty(file),
+            token: token.clone(),
             offline: m.offline,
             mmproj: false,
+            sidecars: hub::Sidecars::default(),
             endpoint: hub::endpoint(&env),
-            cache_dir: hub::hf_cache_dir(&env).ok_or_else(|| {
-                LaunchError::Hub("no cache directory: set LLAMA_CACHE or HOME".into())
-            })?,
+            cache_dir: hub::hf_cache_dir(&env).ok_or_else(no_cache)?,
+            progress: hub::Progress::detect(),
+        })
+    };
+    let url_download = |url: &str, path: &str| -> Result<Vec<PathBuf>, LaunchError> {
+        let req = hub::UrlRequest {
+            url: url.to_string(),
+            path: non_empty(path).map(PathBuf::from),
+            token: non_empty(&m.hf_token),
+            offline: m.offline,
+            cache_dir: hub::url_cache_dir(&env).ok_or_else(no_cache)?,
             progress: hub::Progress::detect(),
         };
-        let got = hub::resolve_model(&req).map_err(|e| LaunchError::Hub(e.to_string()))?;
-        return got
+        hub::download_url(&req).map_err(hub_error)
+    };
+    let requested: Vec<hub::Sidecar> = hub::Sidecar::ALL
+        .into_iter()
+        .filter(|k| spec.types.iter().any(|t| t == k.spec_type()))
+        .collect();
+
+    // The draft repo first: what it yields decides whether the main repo's sidecars are wanted.
+    let mut draft = non_empty(&spec.draft_model).map(PathBuf::from);
+    if !spec.draft_hf_repo.is_empty() {
+        let mut req = hub_request(&spec.draft_hf_repo, &spec.draft_hf_file)?;
+        // An explicit draft file (`-md` with `-hfd`) turns the sidecar search off; without a
+        // requested type, every kind is looked for and the first found decides the type.
+        if spec.draft_hf_file.is_empty() {
+            req.sidecars = hub::Sidecars {
+                kinds: if spec_type_default(&spec.types) {
+                    hub::Sidecar::ALL.to_vec()
+                } else {
+                    requested.clone()
+                },
+                instead_of_model: true,
+                first_only: spec_type_default(&spec.types),
+            };
+        }
+        let got = hub::resolve_model(&req).map_err(hub_error)?;
+        draft = got
+            .sidecars
+            .into_iter()
+            .map(|(_, path)| path)
+            .next()
+            .or_else(|| got.model.into_iter().next());
+    }
+
+    let mut mmproj = non_empty(&mm.mmproj).map(PathBuf::from);
+    if !mm.mmproj_url.is_empty() {
+        mmproj = url_download(&mm.mmproj_url, &mm.mmproj)?.into_iter().next();
+    }
+    if !m.hf_repo.is_empty() {
+        let mut req = hub_request(&m.hf_repo, &m.hf_file)?;
+        req.mmproj = mm.mmproj_auto && mm.mmproj.is_empty() && mm.mmproj_url.is_empty();
+        if spec.draft_hf_repo.is_empty() {
+            req.sidecars.kinds = requested;
+        }
+        let got = hub::resolve_model(&req).map_err(hub_error)?;
+        mmproj = got.mmproj.or(mmproj);
+        if draft.is_none() {
+            draft = got.sidecars.into_iter().map(|(_, path)| path).next();
+        }
+        let model = got
             .model
             .into_iter()
             .next()
-            .ok_or_else(|| LaunchError::Hub(format!("{} holds no model file", m.hf_repo)));
+            .ok_or_else(|| LaunchError::Hub(format!("{} holds no model file", m.hf_repo)))?;
+        return Ok(ModelFiles {
+            model,
+            mmproj,
+            draft,
+        });
     }
-    if !m.url.is_empty() {
-        let req = hub::UrlRequest {
-            url: m.url.clone(),
-            path: Some(PathBuf::from(&m.path)).filter(|_| !m.path.is_empty()),
-            token: Some(m.hf_token.clone()).filter(|t| !t.is_empty()),
-            offline: m.offline,
-            cache_dir: hub::url_cache_dir(&env).ok_or_else(|| {
-                LaunchError::Hub("no cache directory: set LLAMA_CACHE or HOME".into())
-            })?,
-            progress: hub::Progress::detect(),
-        };
-        let parts = hub::download_url(&req).map_err(|e| LaunchError::Hub(e.to_string()))?;
-        return parts
+    let model = if !m.url.is_empty() {
+        url_download(&m.url, &m.path)?
             .into_iter()
             .next()
-            .ok_or_else(|| LaunchError::Hub(format!("{} gave no file", m.url)));
-    }
-    if m.path.is_empty() {
+            .ok_or_else(|| LaunchError::Hub(format!("{} gave no file", m.url)))?
+    } else if m.path.is_empty() {
         return Err(LaunchError::NoModel);
-    }
-    Ok(PathBuf::from(&m.path))
+    } else {
+        PathBuf::from(&m.path)
+    };
+    Ok(ModelFiles {
+        model,
+        mmproj,
+        draft,
+    })
 }
 
 /// Chat templates over the server's renderer interface.
@@ -672,6 +744,7 @@ fn model_info(
     ModelInfo {
         name: aliases[0].clone(),
         aliases,
+        tags: cfg.model.tags.iter().cloned().collect(),
         path: display,
         ftype: crate::model::file_type_name(gguf),
         vocab_type: vocab_type_id(vocab.vocab_type()),
@@ -720,7 +793,22 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
         Vec::new()
     });
     check_device_names(&intent, &cards)?;
-    let path = resolve_model(&cfg)?;
+    let files = resolve_model(&cfg)?;
+    // Both are fetched as upstream fetches them, so a cache shared with llama-server holds the
+    // same files; neither is read yet (the start-up warning names the options).
+    if let Some(mmproj) = &files.mmproj {
+        log::warn!(
+            "multimodal projector {} is not used: image and audio input are not built yet",
+            mmproj.display()
+        );
+    }
+    if let Some(draft) = &files.draft {
+        log::warn!(
+            "draft model {} is not used: speculative decoding is not built yet",
+            draft.display()
+        );
+    }
+    let path = files.model;
     // Refuse a bad file, or a model that does not fit, by name before binding the port.
     let mut gguf = GgufFile::open(&path).map_err(|e| LaunchError::Model(e.to_string()))?;
     // --override-kv: every reader below sees the overridden values
@@ -733,7 +821,16 @@ pub fn serve(cfg: Config, intent: PlacementIntent) -> Result<(), LaunchError> {
     let n_ctx_train = inventory.n_ctx_train as usize;
     let shape = slot_shape(&cfg, plan.n_ctx as usize, n_ctx_train);
     let params = server_params(&cfg, shape);
-    let address = format!("http://{}:{}", params.host, params.port);
+    let address = params
+        .hosts
+        .iter()
+        .map(|h| match h {
+            h if h.ends_with(".sock") => format!("unix://{h}"),
+            h if h.contains(':') => format!("http://[{h}]:{}", params.port),
+            h => format!("http://{h}:{}", params.port),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     let signals = service::StopSignals::install().map_err(LaunchError::Io)?;
     let server = Server::start(params).map_err(LaunchError::Io)?;
     log::info!("listening on {address}, loading {}", path.display());

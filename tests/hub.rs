@@ -55,6 +55,7 @@ fn request(hub_url: &str, repo: &str, cache: &Path) -> HubRequest {
         token: None,
         offline: false,
         mmproj: false,
+        sidecars: Default::default(),
         endpoint: hub::endpoint(&|k| env.get(k).map(|v| v.to_string())),
         cache_dir: cache.to_path_buf(),
         progress: Progress::Quiet,

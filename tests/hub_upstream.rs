@@ -89,6 +89,7 @@ fn request(hub: &LocalHub, repo: &str, cache: &Path) -> HubRequest {
         token: None,
         offline: false,
         mmproj: true,
+        sidecars: Default::default(),
         endpoint: hub.url.clone(),
         cache_dir: cache.to_path_buf(),
         progress: Progress::Quiet,
@@ -248,5 +249,117 @@ fn quant_tags_pick_what_upstream_picks() {
             };
             assert_eq!(listing(&ours_cache), listing(&theirs_cache), "{repo}");
         }
+    }
+}
+
+/// What `-hf`, `-hfd`, `--spec-type` and the projector options make each server fetch: both
+/// binaries run with the same options against one local hub, each into its own cache, and must
+/// leave the same files. The files are not models, so both refuse to load them afterwards.
+#[test]
+fn draft_and_projector_pulls_fetch_what_upstream_fetches() {
+    let Some(server) = upstream_bin("llama-server") else {
+        return;
+    };
+    let repo = |id: &str, files: &[&str]| HubRepo {
+        id: id.to_string(),
+        commit: COMMIT.to_string(),
+        files: files
+            .iter()
+            .enumerate()
+            .map(|(i, p)| HubFile::new(p, bytes(i as u8 + 7, 300 + 10 * i)))
+            .collect(),
+        token: None,
+    };
+    let hub = LocalHub::start(vec![
+        repo(
+            "owner/main",
+            &[
+                "model-Q4_K_M.gguf",
+                "model-Q8_0.gguf",
+                "mmproj-model-F16.gguf",
+                "mmproj-model-Q8_0.gguf",
+                "mtp-model-Q8_0.gguf",
+                "eagle3-model-BF16.gguf",
+            ],
+        ),
+        repo("owner/draft", &["small-Q4_K_M.gguf", "small-Q8_0.gguf"]),
+        repo(
+            "owner/draft-heads",
+            &[
+                "small-Q8_0.gguf",
+                "dflash-small-Q8_0.gguf",
+                "eagle3-small-Q8_0.gguf",
+                "dspark-small-BF16.gguf",
+            ],
+        ),
+        repo(
+            "owner/heads-only",
+            &["eagle3-head-Q8_0.gguf", "eagle3-head-F16.gguf"],
+        ),
+    ]);
+    let cases: [&[&str]; 11] = [
+        &["-hf", "owner/main"],
+        &["-hf", "owner/main:Q8_0", "--no-mmproj"],
+        &[
+            "-hf",
+            "owner/main",
+            "--mmproj",
+            "/nonexistent/projector.gguf",
+        ],
+        &["-hf", "owner/main", "--spec-type", "draft-mtp"],
+        &["-hf", "owner/main", "--spec-type", "draft-eagle3,draft-mtp"],
+        &["-hf", "owner/main", "-hfd", "owner/draft"],
+        &["-hf", "owner/main", "-hfd", "owner/draft:Q8_0"],
+        &["-hf", "owner/main", "-hfd", "owner/draft-heads"],
+        &[
+            "-hf",
+            "owner/main",
+            "-hfd",
+            "owner/draft-heads",
+            "--spec-type",
+            "draft-eagle3",
+        ],
+        &[
+            "-hf",
+            "owner/main",
+            "-hfd",
+            "owner/draft-heads",
+            "-md",
+            "small-Q8_0.gguf",
+        ],
+        &["-hf", "owner/main", "-hfd", "owner/heads-only:Q8_0"],
+    ];
+    let listing = |root: &Path| {
+        let mut names: Vec<_> = hub::cached_files(root, None)
+            .into_iter()
+            .map(|f| format!("{}/{}", f.repo, f.path))
+            .collect();
+        names.sort();
+        names
+    };
+    let ours_bin = PathBuf::from(env!("CARGO_BIN_EXE_bloomery-serve"));
+    for (i, args) in cases.iter().enumerate() {
+        let mut fetched = Vec::new();
+        for (who, bin) in [("theirs", &server), ("ours", &ours_bin)] {
+            let cache = temp_dir(&format!("pulls-{i}-{who}"));
+            let out = Command::new(bin)
+                .args(*args)
+                .args(["--port", "9", "--host", "127.0.0.1"])
+                .env("LLAMA_CACHE", &*cache)
+                .env("MODEL_ENDPOINT", &hub.url)
+                .env_remove("HF_TOKEN")
+                .output()
+                .unwrap();
+            assert!(
+                !out.status.success(),
+                "{who} {args:?} loaded a file that is no model"
+            );
+            fetched.push(listing(&cache));
+        }
+        assert!(
+            !fetched[0].is_empty(),
+            "upstream fetched nothing for {args:?}"
+        );
+        assert_eq!(fetched[1], fetched[0], "ours vs upstream for {args:?}");
     }
 }

@@ -716,3 +716,55 @@ fn anthropic_messages_and_responses() {
     assert_eq!(r.json()["error"]["message"], json!("'input' is required"));
     server.stop();
 }
+
+/// `--host 127.0.0.1,::1,/path/x.sock`: one server answers on every address; a second TCP address
+/// needs a fixed port, as upstream says.
+#[test]
+fn every_host_address_is_served() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let dir = std::env::temp_dir().join(format!("bloomery-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("server.sock");
+    let ipv6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+    let mut hosts = vec!["127.0.0.1".to_string(), sock.display().to_string()];
+    if ipv6 {
+        hosts.push("::1".into());
+    }
+    let (server, _) = serve(
+        ServerParams {
+            hosts,
+            port,
+            ..params()
+        },
+        MockEngine::new(4096),
+    );
+    let mut addrs: Vec<SocketAddr> = vec![SocketAddr::from(([127, 0, 0, 1], port))];
+    if ipv6 {
+        addrs.push(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)));
+    }
+    assert_eq!(server.addrs().len(), addrs.len());
+    for addr in addrs {
+        assert_eq!(get(addr, "/health").status, 200, "{addr}");
+    }
+    let mut unix = std::os::unix::net::UnixStream::connect(&sock).expect("unix socket");
+    unix.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    unix.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(server);
+    std::fs::remove_dir_all(&dir).ok();
+
+    let refused = Server::start(ServerParams {
+        hosts: vec!["127.0.0.1".into(), "::1".into()],
+        port: 0,
+        ..params()
+    });
+    let err = refused.err().expect("port 0 with two TCP addresses");
+    assert!(
+        err.to_string().contains("--port 0 is not supported"),
+        "{err}"
+    );
+}

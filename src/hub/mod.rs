@@ -135,6 +135,8 @@ pub struct HubRequest {
     /// Also fetch the repo's best-fitting multimodal projector (`mmproj`), as upstream does unless
     /// `--no-mmproj`, `--mmproj` or `--mmproj-url` is given.
     pub mmproj: bool,
+    /// Speculative-decoding sidecars to look for beside the model (see [`Sidecars`]).
+    pub sidecars: Sidecars,
     /// From [`endpoint`].
     pub endpoint: String,
     /// From [`hf_cache_dir`].
@@ -158,6 +160,7 @@ impl HubRequest {
             token: non_empty(token),
             offline,
             mmproj: true,
+            sidecars: Sidecars::default(),
             endpoint: endpoint(&process_env),
             cache_dir: hf_cache_dir(&process_env).ok_or(HubError::NoCacheDir)?,
             progress: Progress::detect(),
@@ -165,12 +168,65 @@ impl HubRequest {
     }
 }
 
+/// A speculative-decoding head a repo may ship beside its model, named by a file-name marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sidecar {
+    Mtp,
+    Dspark,
+    Dflash,
+    Eagle3,
+}
+
+impl Sidecar {
+    /// Upstream's order of preference when the speculative type is left to the draft repo: MTP,
+    /// then DSpark (its head carries more than DFlash's), DFlash, Eagle3.
+    pub const ALL: [Sidecar; 4] = [
+        Sidecar::Mtp,
+        Sidecar::Dspark,
+        Sidecar::Dflash,
+        Sidecar::Eagle3,
+    ];
+
+    /// The marker in the file name (`mtp-Model-Q8_0.gguf`).
+    pub fn marker(self) -> &'static str {
+        match self {
+            Sidecar::Mtp => "mtp-",
+            Sidecar::Dspark => "dspark-",
+            Sidecar::Dflash => "dflash-",
+            Sidecar::Eagle3 => "eagle3-",
+        }
+    }
+
+    /// The `--spec-type` name that asks for this sidecar.
+    pub fn spec_type(self) -> &'static str {
+        match self {
+            Sidecar::Mtp => "draft-mtp",
+            Sidecar::Dspark => "draft-dspark",
+            Sidecar::Dflash => "draft-dflash",
+            Sidecar::Eagle3 => "draft-eagle3",
+        }
+    }
+}
+
+/// Which sidecars a pull looks for, and what finding one means.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sidecars {
+    /// The kinds to look for, each matched to the model (or the tag) as a projector is.
+    pub kinds: Vec<Sidecar>,
+    /// A draft repo: a sidecar found stands in for the model, whose files are then not fetched;
+    /// with `first_only`, only the first kind found (in `kinds` order) is kept. A repo holding
+    /// only sidecars is then no error.
+    pub instead_of_model: bool,
+    pub first_only: bool,
+}
+
 /// What a pull left on disk, as snapshot paths in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// Every part of the model, first part first.
+    /// Every part of the model, first part first; empty when a sidecar stands in for it.
     pub model: Vec<PathBuf>,
     pub mmproj: Option<PathBuf>,
+    pub sidecars: Vec<(Sidecar, PathBuf)>,
 }
 
 /// A repo file and where its bytes go.
@@ -321,32 +377,50 @@ pub fn resolve_model(req: &HubRequest) -> Result<Resolved, HubError> {
     }
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
     let available = || paths.iter().map(|p| p.to_string()).collect::<Vec<_>>();
-    let primary =
-        match &req.file {
-            Some(file) => paths.iter().find(|p| *p == file).copied().ok_or_else(|| {
-                HubError::FileNotInRepo {
-                    repo: repo.clone(),
-                    file: file.clone(),
-                    available: available(),
-                }
-            })?,
-            None => names::best_model(&paths, &tag).ok_or_else(|| HubError::NoMatch {
+    let primary = match &req.file {
+        Some(file) => Some(paths.iter().find(|p| *p == file).copied().ok_or_else(|| {
+            HubError::FileNotInRepo {
+                repo: repo.clone(),
+                file: file.clone(),
+                available: available(),
+            }
+        })?),
+        None => names::best_model(&paths, &tag),
+    };
+    // A sidecar is matched against the model when there is one, else against the tag alone.
+    let mut sidecars: Vec<(Sidecar, &str)> = req
+        .sidecars
+        .kinds
+        .iter()
+        .filter_map(|&kind| {
+            names::best_sibling(&paths, primary.unwrap_or(""), kind.marker(), &tag)
+                .map(|p| (kind, p))
+        })
+        .collect();
+    if req.sidecars.first_only {
+        sidecars.truncate(1);
+    }
+    let parts = match primary {
+        Some(_) if req.sidecars.instead_of_model && !sidecars.is_empty() => Vec::new(),
+        Some(primary) => names::split_parts(&paths, primary),
+        None if req.sidecars.instead_of_model && !sidecars.is_empty() => Vec::new(),
+        None => {
+            return Err(HubError::NoMatch {
                 repo: repo.clone(),
                 tag: tag.clone(),
                 available: available(),
-            })?,
-        };
-    let parts = names::split_parts(&paths, primary);
-    let mmproj = if req.mmproj {
-        names::best_sibling(&paths, primary, "mmproj", "")
-    } else {
-        None
+            })
+        }
     };
+    let mmproj = primary
+        .filter(|_| req.mmproj)
+        .and_then(|primary| names::best_sibling(&paths, primary, "mmproj", ""));
 
     let by_path = |p: &str| files.iter().find(|f| f.path == p);
     let wanted: Vec<&RepoFile> = parts
         .iter()
         .chain(&mmproj)
+        .chain(sidecars.iter().map(|(_, p)| p))
         .filter_map(|p| by_path(p))
         .collect();
     // Each blob once (two repo files may share one), all at once as upstream fetches them: a
@@ -373,13 +447,19 @@ pub fn resolve_model(req: &HubRequest) -> Result<Resolved, HubError> {
         link_snapshot(&dir.root, &file.target(&dir), &file.snapshot)?;
         fetched.push(file.snapshot.clone());
     }
-    let mmproj = if mmproj.is_some() {
-        fetched.pop()
-    } else {
-        None
-    };
-    let model = fetched;
-    Ok(Resolved { model, mmproj })
+    let mut fetched = fetched.into_iter();
+    let model = fetched.by_ref().take(parts.len()).collect();
+    let mmproj = mmproj.and_then(|_| fetched.next());
+    let sidecars = sidecars
+        .iter()
+        .map(|(kind, _)| *kind)
+        .zip(fetched)
+        .collect();
+    Ok(Resolved {
+        model,
+        mmproj,
+        sidecars,
+    })
 }
 
 /// Makes one repo file's bytes present in the cache, downloading them when missing.

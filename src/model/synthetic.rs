@@ -234,13 +234,28 @@ impl Rng {
     }
 }
 
-/// The first of `t`, Q8_0, F16 whose blocks fit a row of `row` elements (llama.cpp's quantizer
-/// falls back the same way for rows a type cannot hold).
+/// The type llama.cpp's quantizer writes when a row of `row` elements cannot hold `t`'s blocks:
+/// 256-wide i-quants drop to IQ4_NL, the 2- and 3-bit and ternary types to Q4_0, Q4_K/Q5_K/Q6_K
+/// to Q5_0/Q5_1/Q8_0, and whatever still does not fit to F16 (a 32-wide type only to F16).
 fn fitting_type(t: GgmlType, row: u64) -> GgmlType {
-    [t, GgmlType::Q8_0, GgmlType::F16]
-        .into_iter()
-        .find(|c| row.is_multiple_of(c.block_size() as u64))
-        .unwrap_or(GgmlType::F32)
+    use GgmlType::*;
+    let fits = |c: GgmlType| row.is_multiple_of(c.block_size() as u64);
+    if fits(t) {
+        return t;
+    }
+    let fallback = match t {
+        Iq1S | Iq1M | Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq4Xs => Iq4Nl,
+        Q2_0 | Q2K | Q3K | Tq1_0 | Tq2_0 => Q4_0,
+        Q4K => Q5_0,
+        Q5K => Q5_1,
+        Q6K => Q8_0,
+        _ => F16,
+    };
+    if fits(fallback) {
+        fallback
+    } else {
+        F16
+    }
 }
 
 /// Scales one random block of `t` so its values have root-mean-square near `target`.
@@ -619,4 +634,31 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
 /// The names of all presets, for help texts.
 pub fn preset_names() -> Vec<&'static str> {
     PRESETS.iter().map(|p| p.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use GgmlType::*;
+
+    /// Rows a type cannot hold fall back as llama.cpp's quantizer does (`tensor_type_fallback`).
+    #[test]
+    fn unfitting_rows_fall_back_as_llama_quantize_does() {
+        let cases = [
+            (Q4K, 1408, Q5_0),
+            (Q5K, 1408, Q5_1),
+            (Q6K, 1408, Q8_0),
+            (Iq2Xxs, 1408, Iq4Nl),
+            (Iq4Xs, 1408, Iq4Nl),
+            (Q2K, 1408, Q4_0),
+            (Tq2_0, 1408, Q4_0),
+            (Q4K, 2048, Q4K),
+            (Q8_0, 48, F16),
+            (Q4K, 80, F16),
+            (Mxfp4, 2880, Mxfp4),
+        ];
+        for (t, row, want) in cases {
+            assert_eq!(fitting_type(t, row), want, "{t:?} in rows of {row}");
+        }
+    }
 }

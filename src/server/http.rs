@@ -394,7 +394,7 @@ async fn models(state: Shared) -> HttpResponse {
             "data": [{
                 "id": m.name,
                 "aliases": m.aliases,
-                "tags": [],
+                "tags": m.tags,
                 "object": "model",
                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
                 "created": now_secs(),

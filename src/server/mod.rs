@@ -35,7 +35,8 @@ use http::{AppState, Ready};
 /// onto this).
 #[derive(Clone, Debug)]
 pub struct ServerParams {
-    pub host: String,
+    /// Addresses to listen on, all on `port`; a name ending in `.sock` is a UNIX socket path.
+    pub hosts: Vec<String>,
     /// 0 picks a free port (tests).
     pub port: u16,
     pub n_parallel: usize,
@@ -75,7 +76,7 @@ pub struct ServerParams {
 impl Default for ServerParams {
     fn default() -> Self {
         ServerParams {
-            host: "127.0.0.1".into(),
+            hosts: vec!["127.0.0.1".into()],
             port: 8080,
             n_parallel: 4,
             n_ctx_slot: 0,
@@ -109,6 +110,8 @@ pub struct ModelInfo {
     /// The alias, or the model file's name.
     pub name: String,
     pub aliases: Vec<String>,
+    /// `--tags`: shown in `/v1/models`, never used for routing.
+    pub tags: Vec<String>,
     pub path: String,
     pub ftype: String,
     pub vocab_type: i32,
@@ -119,6 +122,51 @@ pub struct ModelInfo {
     pub size: u64,
     pub bos_token: String,
     pub eos_token: String,
+}
+
+/// One address the server listens on.
+enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(String),
+}
+
+/// Binds the TCP addresses (so a busy port is refused before the model loads) and lists the UNIX
+/// socket paths, as upstream reads `--host`: with several TCP addresses an IPv6 one listens on
+/// IPv6 only, so `::` and `0.0.0.0` can sit side by side, and the port cannot be left to the
+/// system (each address would get its own).
+fn listeners(hosts: &[String], port: u16) -> std::io::Result<Vec<Listener>> {
+    use std::net::ToSocketAddrs;
+    let n_tcp = hosts.iter().filter(|h| !h.ends_with(".sock")).count();
+    if port == 0 && n_tcp > 1 {
+        return Err(std::io::Error::other(
+            "--port 0 is not supported with multiple TCP addresses",
+        ));
+    }
+    hosts
+        .iter()
+        .map(|host| {
+            if host.ends_with(".sock") {
+                return Ok(Listener::Unix(host.clone()));
+            }
+            let addr = (host.as_str(), port)
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| std::io::Error::other(format!("{host} names no address")))?;
+            let domain = socket2::Domain::for_address(addr);
+            let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+            if addr.is_ipv6() && n_tcp > 1 {
+                socket.set_only_v6(true)?;
+            }
+            socket.set_reuse_address(true)?;
+            socket
+                .bind(&addr.into())
+                .and_then(|()| socket.listen(1024))
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("cannot listen on {host}:{port}: {e}"))
+                })?;
+            Ok(Listener::Tcp(socket.into()))
+        })
+        .collect()
 }
 
 /// A running HTTP server.
@@ -143,7 +191,15 @@ impl Server {
             (params.n_parallel + 2).max(cores.saturating_sub(1))
         };
         let timeout = Duration::from_secs(params.timeout_s.max(1));
-        let bind = (params.host.clone(), params.port);
+        let listeners = listeners(&params.hosts, params.port)?;
+        // actix lists a placeholder for each UNIX socket; only the TCP addresses are reported
+        let tcp_addrs = listeners
+            .iter()
+            .filter_map(|l| match l {
+                Listener::Tcp(tcp) => Some(tcp.local_addr()),
+                Listener::Unix(_) => None,
+            })
+            .collect::<std::io::Result<Vec<SocketAddr>>>()?;
         let state = web::Data::new(AppState {
             params,
             ready: OnceLock::new(),
@@ -166,8 +222,11 @@ impl Server {
                     .disable_signals()
                     .client_request_timeout(timeout)
                     .keep_alive(timeout)
-                    .shutdown_timeout(5)
-                    .bind(bind);
+                    .shutdown_timeout(5);
+                    let bound = listeners.into_iter().try_fold(bound, |server, l| match l {
+                        Listener::Tcp(tcp) => server.listen(tcp),
+                        Listener::Unix(path) => server.bind_uds(path),
+                    });
                     let server = match bound {
                         Ok(s) => s,
                         Err(e) => {
@@ -175,21 +234,20 @@ impl Server {
                             return Ok(());
                         }
                     };
-                    let addrs = server.addrs();
                     let running = server.run();
-                    let _ = tx.send(Ok((addrs, running.handle())));
+                    let _ = tx.send(Ok(running.handle()));
                     running.await
                 })
             })?;
-        let (addrs, http) = rx
+        let http = rx
             .recv()
             .map_err(|_| std::io::Error::other("the HTTP thread ended before binding"))??;
-        for a in &addrs {
+        for a in &tcp_addrs {
             log::info!("server is listening on http://{a}");
         }
         Ok(Server {
             state,
-            addrs,
+            addrs: tcp_addrs,
             http,
             http_thread: Some(http_thread),
             scheduler: OnceLock::new(),
