@@ -13,14 +13,15 @@ number, one with text after it (`1x`); the results of the last two are recorded 
 are. Upstream's answers are recorded under compat/golden/b11434/flags/, one file per help group,
 so checking bloomery needs no upstream binary.
 
-Bloomery passes a case when it gives the same exit status, the same refusal line and usage head,
-and, for an accepted value, `--print-config` shows that the value landed: the option's origin is the
-spelling or variable used, every spelling and the variable land the same, and the resolved values
-differ from the default run (for an option with `--no-` spellings, the two polarities differ from
-each other). Where upstream's help states a literal default (`(default: 512)`), ours must state the
-same. Options whose feature is not built yet are listed from `--print-config`'s `not_built`; other
-differences are explained in compat/flags-known-differences.json ("parsing": accepted or refused
-unlike upstream; "effect": parsed alike but without upstream's effect), and anything else fails.
+Bloomery passes a case when it gives the same exit status and the same refusal line and usage
+head, or the same warnings, and, for an accepted value, `--print-config` shows that the value
+landed: the option's origin is the spelling or variable used, every spelling and the variable land
+the same, and the resolved values differ from the default run (for an option with `--no-`
+spellings, the two polarities differ from each other). Where upstream's help states a literal
+default (`(default: 512)`), ours must state the same. Options whose feature is not built yet are
+listed from `--print-config`'s `not_built`; other differences are explained in
+compat/flags-known-differences.json ("parsing": accepted or refused unlike upstream; "effect":
+parsed alike but without upstream's effect), and anything else fails.
 """
 import json
 import os
@@ -279,19 +280,44 @@ def first_line(text):
     return re.sub(r"\d+", "#", text.splitlines()[0]) if text.strip() else ""
 
 
+# Lines that are no warning about the options: the version, upstream's log prefix, the warnings
+# upstream's CPU build gives for GPU options (a CUDA build gives none), and ours naming features
+# not built yet (listed from --print-config instead).
+NOT_WARNINGS = ("version: ", "built with ", "warning: no usable GPU found",
+                "warning: one possible reason is", "warning: consult docs/build.md",
+                "warning: llama.cpp was compiled without", "warn: not built yet: ")
+LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [IWE] ")
+
+
+def warnings(stderr):
+    """The warnings printed while the options were read."""
+    lines = (LOG_PREFIX.sub("", line) for line in stderr.splitlines())
+    return [line for line in lines if line and not line.startswith(NOT_WARNINGS)]
+
+
 def observe(binary, box, case, ours):
-    """One case's result. Upstream is stopped at `--version`; bloomery at `--print-config`
-    when the value is accepted, so where it landed can be checked."""
+    """One case's result. Upstream is stopped at `--version`; bloomery too, for the warnings it
+    prints while reading the options, and at `--print-config` when the value is accepted, so
+    where it landed can be checked."""
     if case["kind"] == "exit":
         rc, out, err = box.run(binary, case, [])
         return {"exit": rc, "stdout": first_line(out)}
-    rc, out, err = box.run(binary, case, ["--print-config"] if ours else ["--version"])
-    res = {"exit": rc, "refusal": refusal(err) if rc else None}
+    rc, out, err = box.run(binary, case, ["--version"])
+    res = {"exit": rc, "refusal": refusal(err) if rc else None,
+           "warnings": None if rc else warnings(err)}
+    if not ours and rc == 0:
+        # upstream's logger writes from a thread that `--version`'s exit() does not wait for, so
+        # a warning can be lost on a busy machine (never one too many): the longest of 3 runs
+        for _ in range(2):
+            again = warnings(box.run(binary, case, ["--version"])[2])
+            if len(again) > len(res["warnings"]):
+                res["warnings"] = again
     if ours and rc == 0:
+        rc, out, err = box.run(binary, case, ["--print-config"])
         try:
             res["config"] = json.loads(out)
         except ValueError:
-            res["exit"], res["refusal"] = -1, "--print-config printed no JSON"
+            res["exit"], res["refusal"] = -1, f"--print-config exited {rc} with no JSON"
     return res
 
 
@@ -380,6 +406,8 @@ def check_option(opt, got, baseline, our_help):
             if res["refusal"] != case["refusal"]:
                 return f"{name}: upstream `{case['refusal']}`, ours `{res['refusal']}`", pending
             continue
+        if res["warnings"] != case["warnings"]:
+            return f"{name}: upstream warns {case['warnings']}, ours {res['warnings']}", pending
         config = res["config"]["config"]
         pending |= {n["feature"] for n in config.get("not_built", [])}
         if case["kind"] in ("bad", "edge"):
@@ -467,7 +495,8 @@ FAILING = ("differs", "explained but equal")
 def upstream_drift(live, goldens):
     """The first place where upstream's answers now differ from the recorded goldens, or None."""
     def flat(groups):
-        return {(case_name(c), c["kind"]): {k: c.get(k) for k in ("exit", "refusal", "stdout")}
+        keys = ("exit", "refusal", "stdout", "warnings")
+        return {(case_name(c), c["kind"]): {k: c.get(k) for k in keys}
                 for g in groups for o in g["options"] for c in o["cases"]}
     now, then = flat(live), flat(goldens)
     for key in sorted(set(now) | set(then)):
