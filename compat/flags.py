@@ -164,8 +164,7 @@ def documented_default(help_text):
     """The default a help text states when it is a literal value (a number, a boolean word or an
     enum word), which both programs' help must agree on; None for a default stated in words."""
     first = stated_default(help_text)
-    return first if first is not None and re.fullmatch(r"-?[\d.]+|true|false|enabled|disabled|auto|on|off|none|[a-z0-9_]+",
-                                 first) else None
+    return first if first is not None and re.fullmatch(r"-?[\d.]+|[a-z0-9_]+", first) else None
 
 
 def good_value(o):
@@ -396,7 +395,8 @@ def check_option(opt, got, baseline, our_help):
         name = case_name(case)
         if case["kind"] == "exit":
             if res["exit"] != case["exit"] or res["stdout"] != case["stdout"]:
-                return f"{name}: upstream exit {case['exit']} `{case['stdout']}`, ours exit {res['exit']} `{res['stdout']}`", pending
+                return (f"{name}: upstream exit {case['exit']} `{case['stdout']}`, "
+                        f"ours exit {res['exit']} `{res['stdout']}`"), pending
             continue
         if (res["exit"] == 0) != (case["exit"] == 0) or (case["exit"] and res["exit"] != case["exit"]):
             theirs = f"exit {case['exit']}" + (f" `{case['refusal']}`" if case["refusal"] else "")
@@ -420,7 +420,8 @@ def check_option(opt, got, baseline, our_help):
     landed = {}
     for c, r in by_case:
         if c["exit"] == 0 and c["kind"] in ("good", "on", "off"):
-            on = c["kind"] == "on" or (c["kind"] == "good" and not (c["args"] and c["args"][0] in opt["negatives"]))
+            negated = bool(c["args"]) and c["args"][0] in opt["negatives"]
+            on = c["kind"] == "on" or (c["kind"] == "good" and not negated)
             landed.setdefault(on, []).append((case_name(c), values(r["config"])))
     for on, seen in landed.items():
         for name, v in seen[1:]:
@@ -459,7 +460,8 @@ def check(binary, goldens):
     try:
         base = box.run(binary, {"args": [], "env": {}}, ["--print-config"])
         baseline = values(json.loads(base[1]))
-        helps = {o.spellings[0]: o.help for o in parse_help(box.run(binary, {"args": [], "env": {}}, ["--help"])[1])}
+        ours_help = box.run(binary, {"args": [], "env": {}}, ["--help"])[1]
+        helps = {o.spellings[0]: o.help for o in parse_help(ours_help)}
         flat = [c for g in goldens for o in g["options"] for c in o["cases"]]
         results = iter(run_all(binary, box, flat, ours=True))
     finally:
