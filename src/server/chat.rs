@@ -360,6 +360,16 @@ pub fn anthropic_to_chat(body: &Value) -> Result<Value, TaskError> {
             })
             .collect();
     }
+    // Anthropic's choice objects map onto OpenAI's names; anything else is left out
+    let choice = body
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str);
+    match choice {
+        Some("auto") => out["tool_choice"] = json!("auto"),
+        Some("any" | "tool") => out["tool_choice"] = json!("required"),
+        _ => {}
+    }
     if let Some(stop) = body.get("stop_sequences") {
         out["stop"] = stop.clone();
     }

@@ -491,6 +491,27 @@ fn chat_to_completion(
     chat: &dyn ChatRenderer,
     server: &ServerParams,
 ) -> Result<Value, TaskError> {
+    if !chat.jinja() {
+        // upstream's first check of a chat body, thrown as runtime errors (500); a tool_choice
+        // that is not a string reads as the default
+        let has_tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty());
+        let tool_choice = body.get("tool_choice").and_then(Value::as_str);
+        if has_tools {
+            return Err(TaskError::new(
+                ErrorKind::Server,
+                "tools param requires --jinja flag",
+            ));
+        }
+        if tool_choice.is_some_and(|c| c != "auto") {
+            return Err(TaskError::new(
+                ErrorKind::Server,
+                "tool_choice param requires --jinja flag",
+            ));
+        }
+    }
     let response_schema = schema::chat_request_schema(body).map_err(|e| {
         // upstream throws the two-fields conflict as a runtime error (a 500), the rest as
         // invalid arguments
