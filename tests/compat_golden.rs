@@ -16,7 +16,7 @@ fn http_scenarios_match_upstream_goldens() {
     }
     let out = Command::new("python3")
         .arg(root.join("compat/run.py"))
-        .arg("--bin")
+        .args(["--part", "http", "--bin"])
         .arg(env!("CARGO_BIN_EXE_bloomery-serve"))
         .arg("--report")
         .arg(std::env::temp_dir().join("bloomery-compat-report.md"))
