@@ -1453,8 +1453,7 @@ static SERVER: &[Opt] = &[
         p.config.multimodal.mmproj_auto = v;
         Ok(())
     })
-    .env("LLAMA_ARG_MMPROJ_AUTO")
-    .pending(MULTIMODAL),
+    .env("LLAMA_ARG_MMPROJ_AUTO"),
     toggle(&["--mmproj-offload"], &["--no-mmproj-offload"], "put the multimodal projector on a device (default: enabled)", |p, v| {
         p.config.multimodal.mmproj_offload = v;
         Ok(())
