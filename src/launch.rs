@@ -369,6 +369,7 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
     let s = &cfg.serve;
     ServerParams {
         hosts: s.hosts.clone(),
+        api_prefix: s.api_prefix.clone(),
         port: u16::try_from(s.port).unwrap_or(8080),
         n_parallel: shape.n_parallel,
         n_ctx_slot: shape.n_ctx_slot,
@@ -396,6 +397,8 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
             n_cache_reuse: cfg.slots.cache_reuse,
             // upstream adds `__verbose` to every answer at the highest verbosity (-v)
             verbose: cfg.log.verbosity > 9,
+            // -r: the stop strings of a request that names none
+            stop: cfg.context.reverse_prompts.clone(),
             ..TaskParams::default()
         },
         reasoning_format: (!cfg.chat.skip_chat_parsing).then(|| cfg.chat.reasoning_format.clone()),

@@ -768,3 +768,20 @@ fn every_host_address_is_served() {
         "{err}"
     );
 }
+
+/// `--api-prefix /api`: every route moves under the prefix, anything else is upstream's 404.
+#[test]
+fn routes_move_under_the_api_prefix() {
+    let (_server, addr) = serve(
+        ServerParams {
+            api_prefix: "/api".into(),
+            ..params()
+        },
+        MockEngine::new(4096),
+    );
+    assert_eq!(get(addr, "/api/health").status, 200);
+    let moved = get(addr, "/health");
+    assert_eq!(moved.status, 404);
+    assert!(moved.body.contains("File Not Found"), "{}", moved.body);
+    assert_eq!(get(addr, "/api/nothing").status, 404);
+}

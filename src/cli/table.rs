@@ -431,6 +431,9 @@ const ROUTER: &str = "router mode (several models)";
 const EMBEDDINGS: &str = "embeddings and reranking";
 const LORA: &str = "LoRA adapters";
 const CONTROL_VECTORS: &str = "control vectors";
+const ROPE: &str = "RoPE and YaRN overrides (the model's own values are used)";
+const PROMPT_CACHE: &str = "the host prompt cache and context checkpoints";
+const STATIC_FILES: &str = "static files and the web UI";
 
 static COMMON: &[Opt] = &[
     flag(&["-h", "--help", "--usage"], "show this help and exit", |p| {
@@ -559,12 +562,14 @@ static COMMON: &[Opt] = &[
         p.config.context.rope_scaling = one_of(v, &["none", "linear", "yarn"])?;
         Ok(())
     })
-    .env("LLAMA_ARG_ROPE_SCALING_TYPE"),
+    .env("LLAMA_ARG_ROPE_SCALING_TYPE")
+    .pending(ROPE),
     text(&["--rope-scale"], "N", "RoPE context scale: the context grows N times", |p, v| {
         p.config.context.rope_freq_scale = 1.0 / stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_ROPE_SCALE"),
+    .env("LLAMA_ARG_ROPE_SCALE")
+    .pending(ROPE),
     text(&["--rope-freq-base"], "N", "RoPE base frequency for NTK-aware scaling (default: the model's)", |p, v| {
         p.config.context.rope_freq_base = stof(v)?;
         Ok(())
@@ -574,32 +579,38 @@ static COMMON: &[Opt] = &[
         p.config.context.rope_freq_scale = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_ROPE_FREQ_SCALE"),
+    .env("LLAMA_ARG_ROPE_FREQ_SCALE")
+    .pending(ROPE),
     int(&["--yarn-orig-ctx"], "N", "YaRN: the model's original context (default: 0 = its training context)", |p, v| {
         p.config.context.yarn_orig_ctx = v;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_ORIG_CTX"),
+    .env("LLAMA_ARG_YARN_ORIG_CTX")
+    .pending(ROPE),
     text(&["--yarn-ext-factor"], "N", "YaRN: extrapolation mix, 0.0 = interpolate only (default: -1.00)", |p, v| {
         p.config.context.yarn_ext_factor = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_EXT_FACTOR"),
+    .env("LLAMA_ARG_YARN_EXT_FACTOR")
+    .pending(ROPE),
     text(&["--yarn-attn-factor"], "N", "YaRN: attention magnitude scale (default: -1.00)", |p, v| {
         p.config.context.yarn_attn_factor = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_ATTN_FACTOR"),
+    .env("LLAMA_ARG_YARN_ATTN_FACTOR")
+    .pending(ROPE),
     text(&["--yarn-beta-slow"], "N", "YaRN: high correction dimension, alpha (default: -1.00)", |p, v| {
         p.config.context.yarn_beta_slow = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_BETA_SLOW"),
+    .env("LLAMA_ARG_YARN_BETA_SLOW")
+    .pending(ROPE),
     text(&["--yarn-beta-fast"], "N", "YaRN: low correction dimension, beta (default: -1.00)", |p, v| {
         p.config.context.yarn_beta_fast = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_BETA_FAST"),
+    .env("LLAMA_ARG_YARN_BETA_FAST")
+    .pending(ROPE),
     toggle(&["-kvo", "--kv-offload"], &["-nkvo", "--no-kv-offload"], "keep the KV cache on the devices (default: enabled)", |p, v| {
         p.placement.kv_offload = p.sourced(v);
         Ok(())
@@ -1373,7 +1384,8 @@ static SERVER: &[Opt] = &[
         p.config.slots.ctx_checkpoints = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CTX_CHECKPOINTS"),
+    .env("LLAMA_ARG_CTX_CHECKPOINTS")
+    .pending(PROMPT_CACHE),
     int(&["-cms", "--checkpoint-min-step"], "N", "least distance between context checkpoints, tokens, 0 = any (default: 8192)", |p, v| {
         if v < 0 {
             return Err("checkpoint-min-step must be non-negative".into());
@@ -1381,12 +1393,14 @@ static SERVER: &[Opt] = &[
         p.config.slots.checkpoint_min_step = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
+    .env("LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT")
+    .pending(PROMPT_CACHE),
     int(&["-cram", "--cache-ram"], "N", "prompt cache size limit, MiB; -1 = none, 0 = no cache (default: 8192)", |p, v| {
         p.config.slots.cache_ram_mib = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CACHE_RAM"),
+    .env("LLAMA_ARG_CACHE_RAM")
+    .pending(PROMPT_CACHE),
     toggle(&["-kvu", "--kv-unified"], &["-no-kvu", "--no-kv-unified"], "one KV buffer shared by all slots (default: on when the slot count is auto)", |p, v| {
         p.config.context.kv_unified = Some(v);
         Ok(())
@@ -1396,7 +1410,8 @@ static SERVER: &[Opt] = &[
         p.config.slots.cache_idle_slots = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CACHE_IDLE_SLOTS"),
+    .env("LLAMA_ARG_CACHE_IDLE_SLOTS")
+    .pending(PROMPT_CACHE),
     toggle(&["--context-shift"], &["--no-context-shift"], "shift the context when an endless generation fills it (default: disabled)", |p, v| {
         p.config.slots.context_shift = v;
         Ok(())
@@ -1417,7 +1432,8 @@ static SERVER: &[Opt] = &[
     flag(&["--spm-infill"], "infill in Suffix/Prefix/Middle order, which some models prefer (default: disabled)", |p| {
         p.config.context.spm_infill = true;
         Ok(())
-    }),
+    })
+    .pending("SPM infill order"),
     text(&["--pooling"], "{none,mean,cls,last,rank}", "embedding pooling; the model's when unset", |p, v| {
         p.config.context.pooling = one_of(v, &["none", "mean", "cls", "last", "rank"])?;
         Ok(())
@@ -1546,12 +1562,14 @@ static SERVER: &[Opt] = &[
         p.config.serve.reuse_port = true;
         Ok(())
     })
-    .env("LLAMA_ARG_REUSE_PORT"),
+    .env("LLAMA_ARG_REUSE_PORT")
+    .pending("SO_REUSEPORT"),
     text(&["--path"], "PATH", "folder of static files to serve (default: )", |p, v| {
         p.config.serve.static_path = v.into();
         Ok(())
     })
-    .env("LLAMA_ARG_STATIC_PATH"),
+    .env("LLAMA_ARG_STATIC_PATH")
+    .pending(STATIC_FILES),
     text(&["--cors-origins"], "ORIGINS", "allowed CORS origins, comma-separated (default: *)\n'localhost' echoes the Origin header only for localhost", |p, v| {
         p.config.serve.cors_origins = v.into();
         p.config.serve.cors_origins_explicit = true;
@@ -1693,7 +1711,8 @@ static SERVER: &[Opt] = &[
         p.config.serve.sse_ping_interval = v;
         Ok(())
     })
-    .env("LLAMA_ARG_SSE_PING_INTERVAL"),
+    .env("LLAMA_ARG_SSE_PING_INTERVAL")
+    .pending("SSE keep-alive pings"),
     int(&["--threads-http"], "N", "threads serving HTTP requests (default: -1)", |p, v| {
         p.config.serve.threads_http = v;
         Ok(())

@@ -230,11 +230,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/detokenize", web::post().to(detokenize))
         .route("/apply-template", web::post().to(apply_template))
         .route("/slots", web::get().to(get_slots))
-        .route("/slots/{id_slot}", web::post().to(post_slots))
-        .default_service(web::to(not_found));
+        .route("/slots/{id_slot}", web::post().to(post_slots));
 }
 
-async fn not_found() -> HttpResponse {
+/// What every path no route serves answers (inside `--api-prefix` and outside it).
+pub async fn not_found() -> HttpResponse {
     error(&TaskError::new(ErrorKind::NotFound, "File Not Found"))
 }
 

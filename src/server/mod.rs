@@ -37,6 +37,8 @@ use http::{AppState, Ready};
 pub struct ServerParams {
     /// Addresses to listen on, all on `port`; a name ending in `.sock` is a UNIX socket path.
     pub hosts: Vec<String>,
+    /// `--api-prefix`: every route is served under it (`/v1` -> `/v1/health`); empty = none.
+    pub api_prefix: String,
     /// 0 picks a free port (tests).
     pub port: u16,
     pub n_parallel: usize,
@@ -77,6 +79,7 @@ impl Default for ServerParams {
     fn default() -> Self {
         ServerParams {
             hosts: vec!["127.0.0.1".into()],
+            api_prefix: String::new(),
             port: 8080,
             n_parallel: 4,
             n_ctx_slot: 0,
@@ -200,6 +203,7 @@ impl Server {
                 Listener::Unix(_) => None,
             })
             .collect::<std::io::Result<Vec<SocketAddr>>>()?;
+        let prefix = params.api_prefix.clone();
         let state = web::Data::new(AppState {
             params,
             ready: OnceLock::new(),
@@ -216,7 +220,8 @@ impl Server {
                             .app_data(app_state.clone())
                             .app_data(web::PayloadConfig::new(256 << 20))
                             .wrap(from_fn(http::gate))
-                            .configure(http::configure)
+                            .service(web::scope(&prefix).configure(http::configure))
+                            .default_service(web::to(http::not_found))
                     })
                     .workers(workers)
                     .disable_signals()
