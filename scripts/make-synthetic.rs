@@ -15,7 +15,8 @@ const USAGE: &str = "usage: make-synthetic --preset NAME --out FILE.gguf [--voca
   --type         matrices (default q4_K); --expert-type expert tensors (default: --type);
   --embd-type    token embeddings and output (default q8_0); norms and routers are f32.
   --vocab        tokenizer source (default: the sdist's models/ggml-vocab-llama-spm.gguf)
-  --expert-skew  0 = uniform expert popularity (default); 1 or more = strongly skewed
+  --expert-skew  0 = near-uniform expert popularity (default); 1 = clearly skewed (the hottest
+                 experts' router logits lean 2 above the coldest's), more = stronger
   --layers       fewer (or more) layers than the preset, every other shape unchanged: a small
                  file whose per-layer costs equal the full model's";
 

@@ -66,11 +66,11 @@ fn tiny_presets_read_back() {
         assert_eq!(h.moe.map(|m| m.n_expert).unwrap_or(0), p.n_expert);
         let o = f.tensor("blk.0.attn_output.weight").unwrap();
         assert_eq!(o.ggml_type, GgmlType::Q4K);
-        // Weights are scaled like 1/sqrt(fan_in).
+        // Weights are scaled like 1/sqrt(fan_in), output projections also by 1/sqrt(2 * n_layer).
         let mut y = vec![0f32; o.n_elements() as usize];
         bloomery::model::quants::dequantize(o.ggml_type, f.tensor_data(o), &mut y).unwrap();
         let rms = (y.iter().map(|v| v * v).sum::<f32>() / y.len() as f32).sqrt();
-        let want = 1.0 / (o.shape[0] as f32).sqrt();
+        let want = 1.0 / (o.shape[0] as f32 * 2.0 * p.n_layer as f32).sqrt();
         assert!(
             (rms / want - 1.0).abs() < 0.2,
             "{name}: rms {rms}, want {want}"

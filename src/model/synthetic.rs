@@ -582,8 +582,23 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     }
     let mut rng = Rng(opts.seed);
     let e = p.n_embd as usize;
-    // Popularity skew: every token embedding shares a component along `common`, and each router
-    // row leans towards it by its expert's rank.
+    // Token embeddings as large as one layer's output, so that every token keeps its own
+    // direction through the layers instead of all sharing the context average attention adds;
+    // Gemma scales its embeddings by sqrt(n_embd) itself.
+    let embd_std = if p.arch.starts_with("gemma") {
+        1.0 / (e as f32).sqrt()
+    } else {
+        1.0
+    };
+    // Each layer's output projections shrink with depth so that the residual stream's sum of
+    // layer outputs stays near the embedding's size however many layers there are.
+    let out_scale = 1.0 / (2.0 * p.n_layer.max(1) as f32).sqrt();
+    // Popularity skew: every token embedding shares a component along `common` (a fifth of its
+    // energy), and each router row leans towards it by its expert's rank, so that after the
+    // norm the most popular expert's logit rises by about `SKEW_LOGITS * skew` over the least
+    // popular one's (beside logits of standard deviation 1 from the random rows).
+    const COMMON_SHARE: f32 = 0.5;
+    const SKEW_LOGITS: f32 = 2.0;
     let common: Vec<f32> = {
         let v: Vec<f32> = (0..e).map(|_| rng.normal()).collect();
         let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -594,6 +609,10 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
         rank.swap(i, (rng.next() % (i as u64 + 1)) as usize);
     }
     let skew = opts.expert_skew;
+    let common_amp = COMMON_SHARE * embd_std * (e as f32).sqrt();
+    // The component along `common` of a normed hidden state holding it as the embedding does.
+    let common_normed =
+        COMMON_SHARE * (e as f32).sqrt() / (1.0 + COMMON_SHARE * COMMON_SHARE).sqrt();
     w.write(out, |t| {
         let fan_in = t.shape[0] as f32;
         let name = t.name.as_str();
@@ -607,27 +626,37 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
                     .unwrap_or_default(),
             );
         }
-        if name == "token_embd.weight" && skew > 0.0 {
-            let std = 1.0 / (e as f32).sqrt();
-            let mut v = Vec::with_capacity(t.n_elements() as usize);
-            for _ in 0..t.shape[1] {
-                v.extend(common.iter().map(|c| rng.normal() * std + c));
+        if name == "token_embd.weight" {
+            if skew > 0.0 {
+                let mut v = Vec::with_capacity(t.n_elements() as usize);
+                for _ in 0..t.shape[1] {
+                    v.extend(
+                        common
+                            .iter()
+                            .map(|c| rng.normal() * embd_std + common_amp * c),
+                    );
+                }
+                if let Some(bytes) = encode_floats(t.ggml_type, &v) {
+                    return Ok(bytes);
+                }
             }
-            if let Some(bytes) = encode_floats(t.ggml_type, &v) {
-                return Ok(bytes);
-            }
+            return random_tensor(&mut rng, t, embd_std);
         }
         if name.ends_with("ffn_gate_inp.weight") && skew > 0.0 {
             let std = 1.0 / fan_in.sqrt();
             let mut v = Vec::with_capacity(t.n_elements() as usize);
             for &r in &rank {
                 let lean =
-                    skew * 3.0 * (1.0 - r as f32 / rank.len() as f32) / (e as f32 / 2.0).sqrt();
+                    skew * SKEW_LOGITS * (1.0 - r as f32 / rank.len() as f32) / common_normed;
                 v.extend(common.iter().map(|c| rng.normal() * std + lean * c));
             }
             return Ok(encode_floats(GgmlType::F32, &v).unwrap_or_default());
         }
-        random_tensor(&mut rng, t, 1.0 / fan_in.sqrt())
+        let is_output_projection = ["attn_output", "ffn_down", "ffn_down_exps", "ffn_down_shexp"]
+            .iter()
+            .any(|p| name.ends_with(&format!(".{p}.weight")));
+        let scale = if is_output_projection { out_scale } else { 1.0 };
+        random_tensor(&mut rng, t, scale / fan_in.sqrt())
     })
 }
 
