@@ -553,7 +553,8 @@ static COMMON: &[Opt] = &[
         p.config.log.perf = v;
         Ok(())
     })
-    .env("LLAMA_ARG_PERF"),
+    .env("LLAMA_ARG_PERF")
+    .pending("performance timings"),
     toggle(&["-e", "--escape"], &["--no-escape"], "expand escapes (\\n, \\r, \\t, \\', \\\", \\\\) in reverse prompts and DRY breakers (default: true)", |p, v| {
         p.config.context.escape = v;
         Ok(())
@@ -659,7 +660,8 @@ static COMMON: &[Opt] = &[
         p.placement.load_mode = p.sourced(mode);
         Ok(())
     })
-    .env("LLAMA_ARG_LOAD_MODE"),
+    .env("LLAMA_ARG_LOAD_MODE")
+    .pending("load modes"),
     text(&["-lzm", "--lazy-mode"], "MODE", "read some large tensors (e.g. per-layer embeddings) from disk on demand (default: auto)\n- on: read their rows when needed (needs mmap)\n- auto: on for such tensors above 4 GiB\n- off: keep them resident", |p, v| {
         let mode = match v {
             "on" => LazyMode::On,
@@ -670,7 +672,8 @@ static COMMON: &[Opt] = &[
         p.placement.lazy_mode = p.sourced(mode);
         Ok(())
     })
-    .env("LLAMA_ARG_LAZY_MODE"),
+    .env("LLAMA_ARG_LAZY_MODE")
+    .pending("load modes"),
     text(&["--numa"], "TYPE", "NUMA strategy\n- distribute: spread threads over all nodes\n- isolate: stay on the starting node\n- numactl: follow numactl's CPU map\ndropping the page cache first helps", |p, v| {
         p.config.threads.numa = match v {
             "" | "distribute" => "distribute".into(),
@@ -858,7 +861,8 @@ static COMMON: &[Opt] = &[
         p.config.log.colors = parse_tristate(v, "--log-colors")?;
         Ok(())
     })
-    .env("LLAMA_ARG_LOG_COLORS"),
+    .env("LLAMA_ARG_LOG_COLORS")
+    .pending("log colours and timestamps"),
     flag(&["-v", "--verbose", "--log-verbose"], "log everything (verbosity without limit), for debugging", |p| {
         p.config.log.verbosity = i32::MAX;
         Ok(())
@@ -882,7 +886,8 @@ static COMMON: &[Opt] = &[
         p.config.log.timestamps = v;
         Ok(())
     })
-    .env("LLAMA_ARG_LOG_TIMESTAMPS"),
+    .env("LLAMA_ARG_LOG_TIMESTAMPS")
+    .pending("log colours and timestamps"),
     text(&["--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"], "TYPE", "element type of the draft model's K cache\none of: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1\n(default: f16)", |p, v| {
         p.placement.draft.cache_type_k = p.sourced(kv_type(v)?);
         Ok(())
