@@ -260,6 +260,16 @@ fn fitting_type(t: GgmlType, row: u64) -> GgmlType {
 
 /// Scales one random block of `t` so its values have root-mean-square near `target`.
 fn scale_block(t: GgmlType, block: &mut [u8], target: f32) -> Result<(), ModelError> {
+    // Random scales and mins make most types' blocks lean one way (a K-quant's sc*q - m is
+    // mostly positive); flipping the sign of every scale of half the blocks, picked by a random
+    // bit of the block read before any scale is written, leaves the weights zero-mean, as
+    // trained weights are. A shared lean would add one common direction to every layer's
+    // output, and all tokens would route alike.
+    let sign = if block[block.len() - 1] & 1 == 1 {
+        -1.0
+    } else {
+        1.0
+    };
     let mut y = vec![0f32; t.block_size()];
     let set = |block: &mut [u8], k: f32| {
         let h = f32_to_f16(k).to_le_bytes();
@@ -286,7 +296,7 @@ fn scale_block(t: GgmlType, block: &mut [u8], target: f32) -> Result<(), ModelEr
     if rms == 0.0 || !rms.is_finite() {
         return Ok(());
     }
-    let k = target / rms;
+    let k = sign * target / rms;
     match t {
         GgmlType::Mxfp4 => block[0] = (127.0 + k.log2().round()).clamp(1.0, 254.0) as u8,
         GgmlType::Nvfp4 => {
@@ -669,6 +679,24 @@ pub fn preset_names() -> Vec<&'static str> {
 mod tests {
     use super::*;
     use GgmlType::*;
+
+    /// Random weights of every quantized type are zero-mean at the RMS asked for: a lean shared
+    /// by a matrix's rows would give every token the same routing.
+    #[test]
+    fn random_blocks_are_zero_mean() {
+        for t in [
+            Q4_0, Q4_1, Q5_0, Q5_1, Q2K, Q3K, Q4K, Q5K, Q6K, Iq2Xxs, Iq2Xs, Iq2S, Iq3Xxs, Iq3S,
+            Iq1S, Iq1M, Iq4Nl, Iq4Xs, Tq1_0, Tq2_0, Mxfp4,
+        ] {
+            let n = 256 * 2048;
+            let data = random_blocks(t, n, 7, 1.0).unwrap();
+            let mut y = vec![0f32; n];
+            quants::dequantize(t, &data, &mut y).unwrap();
+            let mean = y.iter().sum::<f32>() / n as f32;
+            let rms = (y.iter().map(|v| v * v).sum::<f32>() / n as f32).sqrt();
+            assert!(mean.abs() < 0.1 * rms, "{t:?}: mean {mean}, rms {rms}");
+        }
+    }
 
     /// Rows a type cannot hold fall back as llama.cpp's quantizer does (`tensor_type_fallback`).
     #[test]
