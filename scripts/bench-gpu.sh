@@ -8,28 +8,36 @@
 #   cpumoe   dense weights on the card, every expert on the host: ours -- --cpu-moe, upstream
 #            -ngl 99 -ncmoe <layers> (llama-bench has no --cpu-moe).
 #   budget8  an 8 GiB card: ours under BLOOMERY_CARD_BUDGET=CUDA0=8G with no placement options
-#            (the automatic plan spills experts); upstream with the smallest -ncmoe whose peak
-#            card memory stays within 8192 MiB, found with a few short runs at the longest prompt.
+#            (the automatic plan spills experts; card slots follow decode's routing); upstream
+#            with the smallest -ncmoe whose peak card memory stays within 8192 MiB, found with a
+#            few short runs at the longest prompt (or UP_NCMOE when set).
+#   fixed8   budget8 with residency off (BLOOMERY_RESIDENCY=off: the slots keep the plan's
+#            experts); compared with budget8's upstream run, so run it after budget8.
+# Ours run with RUST_LOG=info; the share of expert routes the card slots served is printed
+# after each of our runs that had split layers.
+# -k SKEW writes the synthetic model with make-synthetic --expert-skew SKEW (routing skew; 0, the
+# default, is even routing).
 # Both sides get the same threads (-t, default nproc), -b 2048 and -ub 512. Card memory is
 # sampled with nvidia-smi every 100 ms during every run; peaks are MiB above the card's idle level
 # before the run, so each includes its process's CUDA context. A failed run counts 0 and prints
 # its log tail; the other runs go on. Logs, memory samples and raw numbers go to $OUT (or $WORK).
-# Usage: scripts/bench-gpu.sh [-s card,cpumoe,budget8] [-r REPS] [-t THREADS] [-m MODEL.gguf]
+# Usage: scripts/bench-gpu.sh [-s card,cpumoe,budget8,fixed8] [-r REPS] [-t THREADS] [-k SKEW]
+#        [-m MODEL.gguf]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 D=.device
 W="${WORK:-/tmp/bloomery-bench}"
 LOG="${OUT:-$W}"
-R=3 M="" S=card T=$(nproc)
-while getopts "s:r:t:m:" o; do
-  case $o in s) S=$OPTARG ;; r) R=$OPTARG ;; t) T=$OPTARG ;; m) M=$OPTARG ;; *) exit 2 ;; esac
+R=3 M="" S=card T=$(nproc) K=0
+while getopts "s:r:t:m:k:" o; do
+  case $o in s) S=$OPTARG ;; r) R=$OPTARG ;; t) T=$OPTARG ;; m) M=$OPTARG ;; k) K=$OPTARG ;; *) exit 2 ;; esac
 done
 IFS=, read -ra SCENARIOS <<<"$S"
 for s in "${SCENARIOS[@]}"; do
   case $s in
-  card | cpumoe | budget8) ;;
+  card | cpumoe | budget8 | fixed8) ;;
   *)
-    echo "unknown scenario '$s' (known: card, cpumoe, budget8)" >&2
+    echo "unknown scenario '$s' (known: card, cpumoe, budget8, fixed8)" >&2
     exit 2
     ;;
   esac
@@ -45,16 +53,16 @@ if [ -x "$UP" ]; then
   echo "upstream llama-bench already built: $UP"
 else
   (tar xf "$D/llama-src.tar.xz" -C "$W/up" &&
-    cmake -S "$W/up" -B "$W/up/b" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF &&
-    cmake --build "$W/up/b" -j "$(nproc)" --target llama-bench) >"$LOG/upstream-build.log" 2>&1 &
+    UPSTREAM_SRC="$W/up" UPSTREAM_CUDA_PREFIX="$W/up/b" scripts/upstream.sh --cuda) \
+    >"$LOG/upstream-build.log" 2>&1 &
   build=$!
 fi
 if [ -z "$M" ]; then
-  M="$W/qwen3-30b-a3b-q4_K.gguf"
+  M="$W/qwen3-30b-a3b-q4_K-skew$K.gguf"
   if [ ! -f "$M" ]; then
     # written under another name first, so a cut-off run leaves no half model for the next
-    if time "$D/make-synthetic" --preset qwen3-30b-a3b --type q4_K --vocab "$D/vocab.gguf" --out "$M.part"; then
+    if time "$D/make-synthetic" --preset qwen3-30b-a3b --type q4_K --expert-skew "$K" \
+      --vocab "$D/vocab.gguf" --out "$M.part"; then
       mv "$M.part" "$M" || exit 1
     else
       echo "the synthetic model could not be written" >&2
@@ -140,6 +148,7 @@ ours() {
   case $sc in
   cpumoe) extra=(-- --cpu-moe) ;;
   budget8) vars=("BLOOMERY_CARD_BUDGET=CUDA0=8G") ;;
+  fixed8) vars=("BLOOMERY_CARD_BUDGET=CUDA0=8G" "BLOOMERY_RESIDENCY=off") ;;
   esac
   local shown=("${vars[@]}" --gpu 0 -t "$T" "${BATCH[@]}" -u 512 "${extra[@]}")
   OURS_ARGS[$sc]="${shown[*]}"
@@ -148,7 +157,7 @@ ours() {
     p=0 n=0
     case $test in pp*) p=${test#pp} ;; tg*) n=${test#tg} ;; esac
     log="$LOG/ours-$sc-$test.log"
-    sampled "ours-$sc-$test" env "${vars[@]}" "$D/bloomery-bench" -m "$M" --gpu 0 -t "$T" "${BATCH[@]}" -u 512 \
+    sampled "ours-$sc-$test" env RUST_LOG=info "${vars[@]}" "$D/bloomery-bench" -m "$M" --gpu 0 -t "$T" "${BATCH[@]}" -u 512 \
       -r "$R" -p "$p" -n "$n" "${extra[@]}" >"$log" 2>&1
     rc=$?
     [ "$PEAK" -gt "${OURS_PEAK[$sc]}" ] && OURS_PEAK[$sc]=$PEAK
@@ -163,6 +172,7 @@ ours() {
     fi
     OURS[$sc.$test]=$v
     echo "bloomery $sc $test: $v tok/s, peak ${PEAK} MiB"
+    grep -o 'expert residency: card slots served.*' "$log" | sed 's/^/    /' 
   done
 }
 
@@ -211,8 +221,14 @@ probed() {
 # Sets NCMOE to the smallest -ncmoe whose peak stays within BUDGET_MIB (the layer count when
 # none does). Each layer whose experts stay on the card adds the same bytes, so two probes give
 # the cost of a layer; a third confirms the prediction, a fourth that one layer less is over.
+# UP_NCMOE, when set, is taken as found (one probe still measures its peak).
 fit_ncmoe() {
   local L=$N_LAYER half full cost n
+  if [ -n "${UP_NCMOE:-}" ]; then
+    NCMOE=$UP_NCMOE
+    probed "$NCMOE"
+    return
+  fi
   NCMOE=$L
   probed "$L" || return 1
   full=$PEAK
@@ -310,6 +326,14 @@ for sc in "${SCENARIOS[@]}"; do
       note+=" $(for k in "${!PROBED[@]}"; do echo "$k=${PROBED[$k]}"; done | sort -n | paste -sd ' '))"
       echo "$note"
       upstream budget8 -ncmoe "$NCMOE"
+    fi
+    ;;
+  fixed8)
+    ours fixed8
+    if [ -f "$LOG/upstream-budget8.json" ]; then
+      cp "$LOG/upstream-budget8.json" "$LOG/upstream-fixed8.json"
+      UP_ARGS[fixed8]="${UP_ARGS[budget8]:-} (budget8's run)"
+      UP_PEAK[fixed8]=${UP_PEAK[budget8]:-0}
     fi
     ;;
   esac

@@ -18,10 +18,8 @@ UP="$W/up/b/bin/llama-server"
 build=""
 if [ ! -x "$UP" ]; then
   (tar xf "$D/llama-src.tar.xz" -C "$W/up" &&
-    cmake -S "$W/up" -B "$W/up/b" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF &&
-    cmake --build "$W/up/b" -j "$(nproc)" --target llama-server) >"$R/upstream-build.log" 2>&1 &
+    UPSTREAM_SRC="$W/up" UPSTREAM_CUDA_PREFIX="$W/up/b" scripts/upstream.sh --cuda) \
+    >"$R/upstream-build.log" 2>&1 &
   build=$!
 fi
 

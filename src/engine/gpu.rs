@@ -10,10 +10,16 @@
 //! experts onto the card through a ring of two layer-sized buffers (the copy of the next layer
 //! overlapping the products of this one), running every ubatch of the pass through a layer
 //! before the next, so host experts cross the bus once per pass rather than once per ubatch.
+//!
+//! Which experts fill a layer's card slots follows decode's routing (`tier::live`): after each
+//! small step the hottest host experts are copied into the slots of colder ones on the side
+//! stream, and served from the card once the copy has landed (`BLOOMERY_RESIDENCY=off` keeps the
+//! plan's experts).
 
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::model::{Ffn, Weights};
 use super::moe::{expert_pairs, PairBufs};
+use super::tier::live::{Live, LiveParams};
 use super::tier::ring::{Ring, RingError, Stage};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
@@ -82,6 +88,31 @@ impl Drop for HostSide {
                 us(self.waits[0]),
                 us(self.waits[1]),
                 us(self.waits[2])
+            );
+        }
+    }
+}
+
+/// Copies into card slots started after one step: the event that marks them landed, and each
+/// copy's `(layer, slot, expert)`.
+type Copies = (Event, Vec<(usize, usize, u32)>);
+
+/// Residency while serving: the policy, and the copies into card slots still in flight.
+struct Swaps {
+    live: Live,
+    in_flight: Vec<Copies>,
+}
+
+impl Drop for Swaps {
+    fn drop(&mut self) {
+        let st = self.live.stats();
+        if st.routes > 0 {
+            log::info!(
+                "expert residency: card slots served {} of {} routes in split layers ({:.1}%), {} copies",
+                st.hits,
+                st.routes,
+                100.0 * st.hit_rate(),
+                st.swaps
             );
         }
     }
@@ -310,6 +341,8 @@ pub struct GpuModel {
     /// Present when some experts live on the host.
     host: Option<HostSide>,
     stream: Option<Stream>,
+    /// Present when some layer splits its experts between card slots and the host.
+    tier: Option<Swaps>,
     /// The residual stream and the index lists of every ubatch of a streamed pass.
     pass_x: DevBuf,
     pass_ints: DevBuf,
@@ -445,6 +478,48 @@ fn stream_ring(cuda: &Cuda, host_layers: &[&Experts]) -> Result<Stream, EngineEr
         copied: (0..RING_BUFFERS).map(|_| None).collect(),
         released: (0..RING_BUFFERS).map(|_| None).collect(),
         _pinned: pinned,
+    })
+}
+
+/// The residency of the layers that split their experts (slot `i` holds the expert whose
+/// `slot` entry is `i`); `None` when no layer does. `BLOOMERY_RESIDENCY=off` keeps the plan's
+/// experts in the slots (routes and hits are still counted).
+fn residency(layers: &[GpuLayer], n_expert: usize) -> Option<Swaps> {
+    let seeds: Vec<Option<Vec<u32>>> = layers
+        .iter()
+        .map(|l| match &l.ffn {
+            GpuFfn::Moe { experts, .. } if !experts.all_on_card() => {
+                let mut held = vec![0u32; experts.slot.iter().filter(|&&s| s >= 0).count()];
+                for (e, &s) in experts.slot.iter().enumerate() {
+                    if s >= 0 {
+                        held[s as usize] = e as u32;
+                    }
+                }
+                Some(held)
+            }
+            _ => None,
+        })
+        .collect();
+    let mut params = LiveParams::default();
+    let off = std::env::var("BLOOMERY_RESIDENCY").is_ok_and(|v| matches!(v.as_str(), "off" | "0"));
+    if off {
+        params.max_swaps = 0;
+    }
+    let live = Live::new(&seeds, n_expert, params);
+    if !live.active() {
+        return None;
+    }
+    log::info!(
+        "expert residency: {}",
+        if off {
+            "off (BLOOMERY_RESIDENCY), card slots keep the plan's experts"
+        } else {
+            "card slots follow decode's routing"
+        }
+    );
+    Some(Swaps {
+        live,
+        in_flight: Vec::new(),
     })
 }
 
@@ -621,9 +696,11 @@ impl GpuModel {
             };
             (Some(host), Some(stream_ring(&cuda, &host_layers)?))
         };
+        let tier = residency(&layers, hp.n_expert);
         let model = GpuModel {
             host,
             stream,
+            tier,
             pass_x: cuda.gpu.alloc(0)?,
             pass_ints: cuda.gpu.alloc(0)?,
             spec,
@@ -799,6 +876,67 @@ impl GpuModel {
         Ok(())
     }
 
+    /// Copies into card slots that have landed: their experts are served from the card now.
+    fn land_swaps(&mut self) -> Result<(), CudaError> {
+        let Some(t) = &mut self.tier else {
+            return Ok(());
+        };
+        let mut i = 0;
+        while i < t.in_flight.len() {
+            if !t.in_flight[i].0.done()? {
+                i += 1;
+                continue;
+            }
+            let (_, copies) = t.in_flight.swap_remove(i);
+            for (il, slot, e) in copies {
+                t.live.landed(il, slot);
+                if let GpuFfn::Moe { experts, .. } = &mut self.layers[il].ffn {
+                    experts.slot[e as usize] = slot as i32;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the copies residency plans after a step, on the side stream once the card is done
+    /// with what this step queued (the slots being overwritten included). An evicted expert is
+    /// served from the host from now on; a loaded one once [`GpuModel::land_swaps`] sees its copy
+    /// landed.
+    fn start_swaps(&mut self) -> Result<(), CudaError> {
+        let Some(t) = &mut self.tier else {
+            return Ok(());
+        };
+        let swaps = t.live.plan();
+        if swaps.is_empty() {
+            return Ok(());
+        }
+        let gpu = &self.cuda.gpu;
+        gpu.side_waits(&gpu.main_event()?)?;
+        let mut copies = Vec::with_capacity(swaps.len());
+        for (il, swap) in swaps {
+            let GpuFfn::Moe { experts, .. } = &mut self.layers[il].ffn else {
+                return Err(CudaError(format!("residency swapped in dense layer {il}")));
+            };
+            if let Some(old) = swap.evict {
+                experts.slot[old.expert as usize] = -1;
+            }
+            let Some(host) = &experts.host else {
+                return Err(CudaError(format!(
+                    "layer {il} has no host experts to swap in"
+                )));
+            };
+            let (ne, e) = (experts.slot.len(), swap.load.expert as usize);
+            for (t, card) in host.iter().zip(&experts.card) {
+                let d = t.data();
+                let eb = d.len() / ne;
+                gpu.upload_side(card.buf.at(swap.slot * eb), &d[e * eb..(e + 1) * eb])?;
+            }
+            copies.push((il, swap.slot, e as u32));
+        }
+        t.in_flight.push((gpu.side_event()?, copies));
+        Ok(())
+    }
+
     fn host_experts(&self, il: usize) -> bool {
         matches!(&self.layers[il].ffn, GpuFfn::Moe { experts, .. } if !experts.all_on_card())
     }
@@ -883,6 +1021,7 @@ impl GpuModel {
             layers,
             host,
             stream,
+            tier,
             host_ints,
             spec,
             n_ctx_seq,
@@ -996,12 +1135,16 @@ impl GpuModel {
                     (Some(b), Some(st)) => (&st.bufs[b], None),
                     _ => (&experts.card, experts.host.as_ref().zip(host.as_mut())),
                 };
+                let hosted = on_host.is_some();
                 let on_host = on_host.map(|(tensors, side)| HostExperts {
                     slot: &experts.slot,
                     tensors,
                     side,
                 });
                 moe(c, hp, spec.act, router, mats, on_host, s, n, host_ints)?;
+                if let (true, Some(t), Some(side)) = (hosted, tier.as_mut(), host.as_ref()) {
+                    t.live.record(il, &side.ids);
+                }
             }
         }
         if let Some(w) = &l.post_ffn_norm {
@@ -1237,6 +1380,7 @@ impl Forward for GpuModel {
             self.seq_len[s] = self.seq_len[s].max(batch.pos[i] + 1);
         }
         let failed = |e: CudaError| EngineError::BadBatch(format!("CUDA step failed: {e}"));
+        self.land_swaps().map_err(failed)?;
         if self.stream.is_some() && batch.len() >= STREAM_MIN_TOKENS {
             return self.streamed_pass(batch, out).map_err(failed);
         }
@@ -1246,7 +1390,7 @@ impl Forward for GpuModel {
             self.ubatch(batch, start..end, out).map_err(failed)?;
             start = end;
         }
-        Ok(())
+        self.start_swaps().map_err(failed)
     }
 
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>) {

@@ -503,6 +503,15 @@ impl Gemm {
 /// A point in one of a card's streams (see [`Gpu::main_event`]).
 pub struct Event(cudarc::driver::CudaEvent);
 
+impl Event {
+    /// Whether the work queued before the event has finished; never waits.
+    pub fn done(&self) -> Result<bool, CudaError> {
+        self.0
+            .try_is_complete()
+            .map_err(|e| err("asking whether copies have finished", e))
+    }
+}
+
 // SAFETY: an event handle of the context the engine binds on whichever thread steps it.
 unsafe impl Send for Event {}
 

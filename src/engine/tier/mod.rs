@@ -3,11 +3,12 @@
 //! (`residency`), and the ring of card buffers that host experts stream through during a prompt
 //! pass (`ring`; the CUDA engine streams one layer's host experts per buffer). They allocate
 //! nothing and copy nothing themselves. How uneven routing is (`skew`) says whether residency can
-//! pay. The CPU engine counts routes into a [`heat::Heat`] when asked (`Forward::count_routes`);
-//! residency is not driven by the engine yet: the card's expert copies are the plan's, fixed at
-//! load.
+//! pay. The CPU engine counts routes into a [`heat::Heat`] when asked (`Forward::count_routes`).
+//! `live` drives residency while serving: the CUDA engine reports each small step's routing to it
+//! and starts the copies it plans between steps; how many slots each layer has stays the plan's.
 
 pub mod heat;
+pub mod live;
 pub mod residency;
 pub mod ring;
 pub mod skew;

@@ -38,6 +38,22 @@ impl Residency {
         }
     }
 
+    /// Slot `slot` holds `id` already (what the plan copied at load); a slot out of range is
+    /// ignored.
+    pub fn seed(&mut self, slot: usize, id: ExpertId) {
+        if slot < self.slots.len() {
+            if let Slot::Holds(old) = self.slots[slot] {
+                self.served.remove(&old);
+            }
+            self.slots[slot] = Slot::Holds(id);
+            self.served.insert(id, slot);
+        }
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
     /// The slot that serves `id` from the card, if one does.
     pub fn slot_of(&self, id: ExpertId) -> Option<usize> {
         self.served.get(&id).copied()
