@@ -560,8 +560,9 @@ fn slots_metrics_and_slot_files() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn a_client_leaving_mid_stream_frees_its_slot() {
+/// A server with one slot, and a connection whose request never ends by itself (`stream` as
+/// asked).
+fn endless_request(stream: bool) -> (Server, SocketAddr, TcpStream) {
     let mut engine = MockEngine::new(100_000);
     engine.step_delay = Duration::from_millis(5);
     let p = ServerParams {
@@ -570,32 +571,56 @@ fn a_client_leaving_mid_stream_frees_its_slot() {
     };
     let (server, addr) = serve(p, engine);
     let mut s = TcpStream::connect(addr).expect("connect");
-    let body = json!({"prompt": "forever", "n_predict": -1, "stream": true}).to_string();
+    let body = json!({"prompt": "forever", "n_predict": -1, "stream": stream}).to_string();
     let req = format!(
         "POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");
+    (server, addr, s)
+}
+
+/// Whether the only slot's `is_processing` became `busy` within `tries` looks 20 ms apart.
+fn slot_becomes(addr: SocketAddr, busy: bool, tries: usize) -> bool {
+    for _ in 0..tries {
+        if get(addr, "/slots").json()[0]["is_processing"] == json!(busy) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_client_leaving_mid_stream_frees_its_slot() {
+    let (server, addr, mut s) = endless_request(true);
     let mut buf = [0u8; 4096];
     let n = s.read(&mut buf).expect("read");
     assert!(n > 0);
     drop(s);
-    let mut freed = false;
-    for _ in 0..200 {
-        let slots = get(addr, "/slots").json();
-        if slots[0]["is_processing"] == json!(false) {
-            freed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(freed, "the slot stayed busy after the client left");
+    assert!(
+        slot_becomes(addr, false, 200),
+        "the slot stayed busy after the client left"
+    );
     let r = post(
         addr,
         "/completion",
         json!({"prompt": "next", "n_predict": 2, "temperature": 0}),
     );
     assert_eq!(r.json()["content"], json!(text_ref("next", 2)));
+    server.stop();
+}
+
+#[test]
+fn a_client_leaving_before_a_whole_answer_frees_its_slot() {
+    // upstream's test_cancel_request: a non-streamed request whose client times out
+    let (server, addr, s) = endless_request(false);
+    assert!(slot_becomes(addr, true, 100), "the request never started");
+    drop(s);
+    assert!(
+        slot_becomes(addr, false, 200),
+        "the slot stayed busy after the client left"
+    );
     server.stop();
 }
 

@@ -22,6 +22,7 @@ use super::chat::{
 };
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
+use super::peer::Peer;
 use super::request::{self, json_type_name, ParseContext};
 use super::scheduler::{SchedulerHandle, SlotAction, SlotActionResult};
 use super::task::{ErrorKind, Event, FinalResult, TaskError, TaskParams, TaskRequest};
@@ -807,24 +808,24 @@ async fn anthropic_count_tokens(state: Shared, body: Bytes) -> HttpResponse {
     respond(count_input_tokens(&state, &body, anthropic_to_chat, false))
 }
 
-async fn anthropic_messages(state: Shared, body: Bytes) -> HttpResponse {
-    respond(handle_completion(&state, body, ResponseKind::Anthropic).await)
+async fn anthropic_messages(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, &req, body, ResponseKind::Anthropic).await)
 }
 
-async fn responses(state: Shared, body: Bytes) -> HttpResponse {
-    respond(handle_completion(&state, body, ResponseKind::OaiResponses).await)
+async fn responses(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, &req, body, ResponseKind::OaiResponses).await)
 }
 
-async fn completion_native(state: Shared, body: Bytes) -> HttpResponse {
-    respond(handle_completion(&state, body, ResponseKind::Native).await)
+async fn completion_native(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, &req, body, ResponseKind::Native).await)
 }
 
-async fn completion_oai(state: Shared, body: Bytes) -> HttpResponse {
-    respond(handle_completion(&state, body, ResponseKind::OaiCompletion).await)
+async fn completion_oai(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, &req, body, ResponseKind::OaiCompletion).await)
 }
 
-async fn chat_completions(state: Shared, body: Bytes) -> HttpResponse {
-    respond(handle_completion(&state, body, ResponseKind::OaiChat).await)
+async fn chat_completions(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(handle_completion(&state, &req, body, ResponseKind::OaiChat).await)
 }
 
 /// Fill-in-the-middle needs the model's FIM tokens, which the codec does not expose yet.
@@ -863,6 +864,31 @@ fn gen_id(prefix: &str) -> String {
         .map(|_| CHARS[(rng.next_u32() as usize) % CHARS.len()] as char)
         .collect();
     format!("{prefix}{s}")
+}
+
+/// How often a non-streamed request asks whether its client is still there.
+const PEER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The next event of a non-streamed request; an error once its client has closed the
+/// connection, which drops the request's tasks (the scheduler frees their slots).
+async fn next_event(
+    rx: &mut UnboundedReceiver<Event>,
+    peer: Option<&Peer>,
+) -> Result<Option<Event>, TaskError> {
+    let Some(peer) = peer else {
+        return Ok(rx.recv().await);
+    };
+    loop {
+        tokio::select! {
+            ev = rx.recv() => return Ok(ev),
+            _ = tokio::time::sleep(PEER_POLL) => {
+                if peer.gone() {
+                    log::info!("the client closed the connection: its request is cancelled");
+                    return Err(TaskError::new(ErrorKind::Server, "the client closed the connection"));
+                }
+            }
+        }
+    }
 }
 
 struct Submitted {
@@ -923,6 +949,7 @@ fn submit_all(r: &Ready, state: &AppState, data: &Value) -> Result<Submitted, Ta
 
 async fn handle_completion(
     state: &AppState,
+    req: &HttpRequest,
     body: Bytes,
     kind: ResponseKind,
 ) -> Result<HttpResponse, TaskError> {
@@ -978,8 +1005,9 @@ async fn handle_completion(
 
     if !params.stream {
         let mut results: Vec<FinalResult> = Vec::new();
+        let peer = req.conn_data::<Arc<Peer>>().cloned();
         while results.len() < submitted.n_tasks {
-            match submitted.rx.recv().await {
+            match next_event(&mut submitted.rx, peer.as_deref()).await? {
                 Some(Event::Final(f)) => results.push(*f),
                 Some(Event::Error(e)) => return Err(e),
                 Some(Event::Token { .. }) => {}

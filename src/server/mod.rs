@@ -10,6 +10,7 @@ pub mod chat;
 pub mod codec;
 mod format;
 mod http;
+mod peer;
 pub mod request;
 pub mod scheduler;
 pub mod task;
@@ -222,6 +223,11 @@ impl Server {
                             .wrap(from_fn(http::gate))
                             .service(web::scope(&prefix).configure(http::configure))
                             .default_service(web::to(http::not_found))
+                    })
+                    .on_connect(|conn, data| {
+                        if let Some(p) = peer::Peer::of(conn) {
+                            data.insert(std::sync::Arc::new(p));
+                        }
                     })
                     .workers(workers)
                     .disable_signals()
