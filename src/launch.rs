@@ -403,6 +403,16 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
         },
         reasoning_format: (!cfg.chat.skip_chat_parsing).then(|| cfg.chat.reasoning_format.clone()),
         reasoning_budget_message: cfg.sampling.reasoning_budget_message.clone(),
+        // the values are JSON texts, checked while parsing; one that is not is kept as a string
+        chat_template_kwargs: cfg
+            .chat
+            .template_kwargs
+            .iter()
+            .map(|(k, v)| {
+                let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.clone()));
+                (k.clone(), value)
+            })
+            .collect(),
         ..ServerParams::default()
     }
 }

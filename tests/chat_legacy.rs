@@ -4,11 +4,9 @@
 //! template file of upstream's models/templates/ (recorded by scripts/record-chat-legacy.py),
 //! in-process and through the real binary.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use bloomery::chat::legacy::{self, Format};
 use bloomery::chat::{
@@ -16,7 +14,8 @@ use bloomery::chat::{
 };
 use serde_json::{json, Value};
 
-const OURS: &str = env!("CARGO_BIN_EXE_bloomery-serve");
+mod served;
+use served::{cache, free_port, model, Served, OURS};
 
 fn data(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -24,12 +23,6 @@ fn data(name: &str) -> Value {
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn cache() -> PathBuf {
-    std::env::var_os("BLOOMERY_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dirs::home_dir().unwrap_or_default().join(".cache/bloomery"))
 }
 
 fn text(v: &Value) -> &str {
@@ -211,103 +204,6 @@ fn the_model_s_own_template_picks_the_format_or_refuses_each_request() {
         render(&unknown, &body),
         Err(legacy::UNSUPPORTED.to_string())
     );
-}
-
-fn model() -> Option<PathBuf> {
-    let path = cache().join("models/gemma-3-270m-q4_k_m.gguf");
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipped: {} missing, run scripts/fetch-test-data.sh",
-            path.display()
-        );
-        None
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// Our server on a free loopback port; killed when dropped.
-struct Served {
-    child: Child,
-    port: u16,
-}
-
-impl Served {
-    fn start(model: &Path, args: &[&str]) -> Served {
-        let port = free_port();
-        let mut child = Command::new(OURS)
-            .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1"])
-            .args(["--port", &port.to_string(), "-c", "512", "-np", "1"])
-            .args(args)
-            .env("CUDA_VISIBLE_DEVICES", "")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while http(port, "GET", "/health", "").0 != 200 {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("bloomery-serve {args:?} exited early: {status}");
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("bloomery-serve {args:?} not ready in time");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Served { child, port }
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (_, text) = http(self.port, "GET", path, "");
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (status, text) = http(self.port, "POST", path, &body.to_string());
-        let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-        (status, json)
-    }
-}
-
-/// One HTTP/1.1 exchange on loopback: (status, body); status 0 where nothing answered.
-fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut raw = String::new();
-    if s.write_all(req.as_bytes()).is_err() || s.read_to_string(&mut raw).is_err() {
-        return (0, String::new());
-    }
-    let Some((head, body)) = raw.split_once("\r\n\r\n") else {
-        return (0, String::new());
-    };
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

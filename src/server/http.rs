@@ -597,10 +597,12 @@ fn chat_to_completion(
             "Cannot set both add_generation_prompt and continue_final_message to true.",
         ));
     }
-    let kwargs = body
-        .get("chat_template_kwargs")
-        .cloned()
-        .unwrap_or(json!({}));
+    // the server's defaults, then the request's own entries over them
+    let mut kwargs = server.chat_template_kwargs.clone();
+    if let Some(Value::Object(own)) = body.get("chat_template_kwargs") {
+        kwargs.extend(own.clone());
+    }
+    let kwargs = Value::Object(kwargs);
     let prompt = chat
         .render(messages, &tools, add_generation_prompt, &kwargs)
         .map_err(|e| {

@@ -74,6 +74,9 @@ pub struct ServerParams {
     /// `--reasoning-budget-message`: what chat replies get before the end tag when their
     /// thinking budget runs out (a request's own `reasoning_budget_message` wins).
     pub reasoning_budget_message: String,
+    /// `chat_template_kwargs` every chat request starts from (`--chat-template-kwargs`,
+    /// `--reasoning`, `--reasoning-preserve`); a request's own entries win.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for ServerParams {
@@ -104,6 +107,7 @@ impl Default for ServerParams {
             build_info: format!("bloomery-{}", env!("CARGO_PKG_VERSION")),
             reasoning_format: Some("deepseek".into()),
             reasoning_budget_message: String::new(),
+            chat_template_kwargs: crate::chat::server_default_kwargs(),
         }
     }
 }
