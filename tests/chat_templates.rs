@@ -55,67 +55,6 @@ fn render(template: &ChatTemplate, body: &Json, now: i64) -> Result<String, Stri
 /// the reason. The test fails if one of them starts matching (remove it then) or if any other
 /// pair differs.
 const KNOWN_DIVERGENT: &[(&str, &str, &str)] = &[
-    // upstream's `+` treats undefined/none as "" next to a string; minijinja refuses the operation
-    (
-        "CohereForAI-c4ai-command-r-plus-tool_use",
-        "tools_offered",
-        "string + undefined",
-    ),
-    (
-        "CohereForAI-c4ai-command-r-plus-tool_use",
-        "parallel_tool_calls",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "single_user",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "system_multi_turn",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "no_generation_prompt",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "content_parts",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "tools_offered",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "tool_call_and_result",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "parallel_tool_calls",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "reasoning_history",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "thinking_disabled",
-        "string + undefined",
-    ),
-    (
-        "fireworks-ai-llama-3-firefunction-v2",
-        "unicode_and_quotes",
-        "string + undefined",
-    ),
     // upstream's usage tracking misses the typed-content loop inside a macro, so it joins parts
     ("LFM2.5-8B-A1B", "content_parts", "typed content probe"),
     // upstream rewrites tool turns for outdated Gemma 4 templates (model-turn builder)

@@ -117,7 +117,11 @@ pub(crate) fn detect(render: impl Fn(&Json) -> Option<String>) -> Caps {
     if let Some(out) = &object_args {
         supports_tools = out.contains(TOOL_MARKER);
         supports_tool_calls = out.contains(CALL_MARKER);
-        supports_object_arguments = supports_tool_calls && out.contains(ARG_MARKER);
+        // upstream counts the arguments as read as an object when the template read a member;
+        // the object printed whole (or joined to a string) in Python form does not count
+        let printed_whole = format!("{{'arg': '{ARG_MARKER}'}}");
+        supports_object_arguments =
+            supports_tool_calls && out.replace(&printed_whole, "").contains(ARG_MARKER);
     }
     if !supports_object_arguments {
         let string_args = format!("{{\"arg\": \"{ARG_MARKER}\"}}");

@@ -49,6 +49,7 @@ pub(crate) fn environment() -> Environment<'static> {
         },
     );
     env.add_function("namespace", namespace);
+    env.add_function(super::plus::PLUS_FN, super::plus::plus);
 
     for name in [
         "tojson",

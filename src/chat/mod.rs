@@ -11,6 +11,7 @@ mod clock;
 mod jinja;
 pub mod legacy;
 mod output;
+mod plus;
 mod template;
 
 pub use caps::Caps;

@@ -70,7 +70,7 @@ impl ChatTemplate {
     pub fn from_source(source: &str, tokens: SpecialTokens) -> Result<Self, ChatError> {
         let source = patch_source(source);
         let mut env = jinja::environment();
-        env.add_template_owned(TEMPLATE_NAME, source.clone())
+        env.add_template_owned(TEMPLATE_NAME, super::plus::rewrite(&source))
             .map_err(|e| ChatError::Template(format!("chat template does not parse: {e:#}")))?;
         let mut template = ChatTemplate {
             source,
