@@ -537,18 +537,20 @@ impl Message {
         text
     }
 
-    /// The text of the message: its content, or its text parts joined by newlines.
+    /// The text of the message as upstream renders a continued one: its content, or its text
+    /// parts with a blank line between them (none before the first non-empty text).
     fn render_content(&self) -> String {
         if !self.content.is_empty() {
             return self.content.clone();
         }
-        let texts: Vec<&str> = self
-            .parts
-            .iter()
-            .filter(|(t, _)| t == "text")
-            .map(|(_, x)| x.as_str())
-            .collect();
-        texts.join("\n")
+        let mut text = String::new();
+        for (_, part) in self.parts.iter().filter(|(t, _)| t == "text") {
+            if !text.is_empty() {
+                text.push_str("\n\n");
+            }
+            text.push_str(part);
+        }
+        text
     }
 
     fn trimmed(mut self) -> Self {
@@ -1064,7 +1066,7 @@ impl ChatTemplates {
 
 #[cfg(test)]
 mod tests {
-    use super::generation_prompt;
+    use super::*;
 
     #[test]
     fn the_generation_prompt_is_what_follows_the_common_prefix() {
@@ -1072,5 +1074,36 @@ mod tests {
         // "é" and "è" share their first byte: the cut keeps the whole character
         assert_eq!(generation_prompt("x é", "x è!"), "è!");
         assert_eq!(generation_prompt("same", "same"), "");
+    }
+
+    #[test]
+    fn a_continued_message_s_text_parts_are_joined_by_a_blank_line() {
+        // upstream's test_chat_template_assistant_prefill: parts "Wh" and "ill" continue as
+        // "Wh\n\nill"; an empty first part adds no separator
+        let source =
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}\
+                      {% if add_generation_prompt %}<assistant>{% endif %}";
+        let t = ChatTemplate::from_source(source, SpecialTokens::default()).expect("parses");
+        let prompt = |parts: Json| {
+            let messages = json!([
+                {"role": "user", "content": "What is the best book"},
+                {"role": "assistant", "content": parts},
+            ]);
+            let kwargs = Map::new();
+            t.render(&RenderInputs {
+                messages: &messages,
+                tools: None,
+                add_generation_prompt: true,
+                kwargs: &kwargs,
+                enable_thinking: true,
+                now: Some(0),
+            })
+            .expect("renders")
+        };
+        let two = json!([{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]);
+        assert!(prompt(two).ends_with("<assistant>Wh\n\nill"));
+        let empty_first = json!([{"type": "text", "text": ""}, {"type": "text", "text": "ill"}]);
+        assert!(prompt(empty_first).ends_with("<assistant>ill"));
+        assert!(prompt(json!("Whill")).ends_with("<assistant>Whill"));
     }
 }
