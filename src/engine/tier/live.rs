@@ -278,6 +278,33 @@ mod tests {
     }
 
     #[test]
+    fn even_routing_does_not_churn_the_slots() {
+        // every expert equally likely: no expert deserves a slot more than another, so copies
+        // would only cost; counting noise must not trade experts
+        let (n_layer, n_expert, n_slots) = (4, 64, 16);
+        let perms: Vec<Vec<u32>> = (0..n_layer)
+            .map(|_| (0..n_expert as u32).collect())
+            .collect();
+        let seeds: Vec<Option<Vec<u32>>> = (0..n_layer)
+            .map(|_| Some((0..n_slots as u32).collect()))
+            .collect();
+        let mut live = Live::new(&seeds, n_expert, LiveParams::default());
+        let mut routers: Vec<Router> = (0..n_layer)
+            .map(|il| Router::new(n_expert, 0.0, 7 + il as u64))
+            .collect();
+        let rate = serve(&mut live, &mut routers, &perms, 600);
+        let swaps = live.stats().swaps;
+        assert!(
+            swaps < 60,
+            "{swaps} copies in 600 steps of even routing over {n_layer} layers"
+        );
+        assert!(
+            (rate - 0.25).abs() < 0.03,
+            "hit rate {rate}, slots hold a quarter"
+        );
+    }
+
+    #[test]
     fn the_step_budget_bounds_copies_and_goes_to_the_largest_gains() {
         let seeds = vec![Some(vec![0, 1]), None, Some(vec![0, 1])];
         let params = LiveParams {
@@ -285,9 +312,11 @@ mod tests {
             ..LiveParams::default()
         };
         let mut live = Live::new(&seeds, 8, params);
-        // layer 0 wants expert 5 a little, layer 2 wants expert 6 a lot
-        live.record(0, &[5, -1]);
-        for _ in 0..6 {
+        // layer 0 wants expert 5, layer 2 wants expert 6 more
+        for _ in 0..12 {
+            live.record(0, &[5, -1]);
+        }
+        for _ in 0..20 {
             live.record(2, &[6]);
         }
         live.record(1, &[3, 3, 3]);
@@ -302,10 +331,13 @@ mod tests {
         let st = live.stats();
         assert_eq!(
             (st.routes, st.swaps),
-            (7, 1),
+            (32, 1),
             "layer 1 is not tracked, -1 is no route"
         );
         assert_eq!(st.hits, 0);
+        let next = live.plan();
+        assert_eq!(next.len(), 1, "layer 0's turn: {next:?}");
+        assert_eq!((next[0].0, next[0].1.load), (0, ExpertId::new(0, 5)));
     }
 
     #[test]
