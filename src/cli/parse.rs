@@ -348,11 +348,14 @@ fn finish(p: &mut Parsed) {
             "server tools or MCP servers are enabled, using localhost as default CORS origin (change via --cors-origins)".into(),
         );
     }
-    p.config
-        .chat
-        .template_kwargs
-        .entry("preserve_reasoning".into())
-        .or_insert_with(|| "true".into());
+    // the server's default kwargs, as JSON text like the command line's, where it set none
+    for (key, value) in crate::chat::server_default_kwargs() {
+        p.config
+            .chat
+            .template_kwargs
+            .entry(key)
+            .or_insert_with(|| value.to_string());
+    }
 }
 
 /// Parses this process's arguments and environment (`LLAMA_API_KEY`, `LLAMA_ARG_*`, `HF_TOKEN`,
