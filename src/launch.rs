@@ -134,36 +134,9 @@ pub fn slot_shape(cfg: &Config, n_ctx: usize, n_ctx_train: usize) -> SlotShape {
     }
 }
 
-/// Where the host's memory comes from.
-const MEMINFO: &str = "/proc/meminfo";
-
 /// The host as the planner weighs it: `MemAvailable` free of `MemTotal`.
 pub fn host_memory() -> Result<placement::DeviceInfo, LaunchError> {
-    std::fs::read_to_string(MEMINFO)
-        .map_err(|e| e.to_string())
-        .and_then(|text| host_from_meminfo(&text))
-        .map_err(|e| LaunchError::Placement(format!("cannot read host memory from {MEMINFO}: {e}")))
-}
-
-/// `MemAvailable` and `MemTotal` of `/proc/meminfo`'s text (`MemTotal:  16384 kB`).
-fn host_from_meminfo(text: &str) -> Result<placement::DeviceInfo, String> {
-    let field = |key: &str| -> Result<u64, String> {
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .ok_or_else(|| format!("no {key} line"))?
-            .trim();
-        value
-            .strip_suffix("kB")
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .map(|kib| kib.saturating_mul(1024))
-            .ok_or_else(|| format!("{key} '{value}' is not a size in kB"))
-    };
-    Ok(placement::DeviceInfo {
-        name: "host".into(),
-        free_bytes: field("MemAvailable")?,
-        total_bytes: field("MemTotal")?,
-    })
+    placement::host_memory().map_err(LaunchError::Placement)
 }
 
 /// The cards as the planner sees them.
@@ -1050,21 +1023,6 @@ mod tests {
             ask(&["-np", "2", "--kv-unified-per-slot", "1000"]).n_ctx,
             2000
         );
-    }
-
-    #[test]
-    fn host_memory_reads_meminfo() {
-        let text = "MemTotal:       24576000 kB\nMemFree:  100 kB\nMemAvailable:   16384000 kB\n";
-        let host = host_from_meminfo(text).unwrap();
-        assert_eq!(
-            (host.free_bytes, host.total_bytes),
-            (16_384_000 * 1024, 24_576_000 * 1024)
-        );
-        let err = host_from_meminfo("MemTotal: 1 kB\n").unwrap_err();
-        assert_eq!(err, "no MemAvailable line");
-        let err = host_from_meminfo("MemTotal: lots\nMemAvailable: 1 kB\n").unwrap_err();
-        assert_eq!(err, "MemTotal 'lots' is not a size in kB");
-        assert!(host_memory().is_ok(), "this host has {MEMINFO}");
     }
 
     /// `n_layer` layers holding `tensors`, 1 KiB of f16 KV per token and layer.

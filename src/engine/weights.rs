@@ -46,6 +46,16 @@ impl Tensor {
     }
 }
 
+/// Whether to map `file` with every page read in and entered in the page table now (as
+/// llama.cpp maps with `MAP_POPULATE`): yes when it fits in half the host's available memory.
+/// Otherwise each page is faulted in when first used, and a decode step that routes to an expert
+/// for the first time pays the faults of its rows inside the step. A file too large for that stays
+/// lazy, so the disk tier can serve what does not fit.
+fn populate(file: &File) -> bool {
+    let size = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+    crate::placement::host_memory().is_ok_and(|h| size <= h.free_bytes / 2)
+}
+
 pub struct Loader<'a> {
     pub gguf: &'a GgufFile,
     maps: Vec<Arc<Mmap>>,
@@ -57,9 +67,13 @@ impl<'a> Loader<'a> {
         for path in &gguf.paths {
             let file = File::open(path)
                 .map_err(|e| EngineError::Load(format!("opening {}: {e}", path.display())))?;
+            let mut options = memmap2::MmapOptions::new();
+            if populate(&file) {
+                options.populate();
+            }
             // SAFETY: read-only map of a model file; like llama.cpp we assume nobody truncates
             // it while we serve.
-            let map = unsafe { Mmap::map(&file) }
+            let map = unsafe { options.map(&file) }
                 .map_err(|e| EngineError::Load(format!("mapping {}: {e}", path.display())))?;
             maps.push(Arc::new(map));
         }

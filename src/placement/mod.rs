@@ -17,11 +17,13 @@
 
 mod budget;
 mod fit;
+mod host;
 mod inventory;
 mod layout;
 mod plan;
 
 pub use fit::plan;
+pub use host::host_memory;
 pub use inventory::{Inventory, LayerKv, TensorEntry};
 pub use plan::{
     ExpertSet, Group, LayerPlan, Location, NotFit, Plan, PlanError, Pool, TensorPlan, CARD_RUNTIME,

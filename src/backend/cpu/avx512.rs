@@ -10,10 +10,10 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    e8m0_scale, f16_scale, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4, q8_0_qs,
+    e8m0_scales, f16_scales, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4, q8_0_qs,
+    rd_f16_pair,
 };
 use super::quant::{Q8_K_BYTES, QK_K};
-use crate::model::quants::f16_to_f32;
 
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block's 12 scale bytes, all at
 /// once (the layout `scale_min_k4` reads one sub-block at a time).
@@ -60,8 +60,8 @@ unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
         let bw = w.as_ptr().add(i * wb);
         let ba = a.as_ptr().add(i * Q8_K_BYTES);
         let da = f32::from_le_bytes(*(ba as *const [u8; 4]));
-        let d = f16_to_f32(u16::from_le_bytes(*(bw as *const [u8; 2]))) * da;
-        let dmin = f16_to_f32(u16::from_le_bytes(*(bw.add(2) as *const [u8; 2]))) * da;
+        let (d, dmin) = rd_f16_pair(std::slice::from_raw_parts(bw, 4), 0);
+        let (d, dmin) = (d * da, dmin * da);
         let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(bw.add(4), 12));
         // mins times the activations' sub-block sums (pairs of the 16 stored i16 sums)
         let bsums = _mm256_loadu_si256(ba.add(4 + QK_K) as *const __m256i);
@@ -133,20 +133,36 @@ macro_rules! q8_0_vnni {
     ($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            q8_0_family(n, w, $wb, a, |b| $qs(b), |b| $dw(b), |x, y| dpbusd(x, y))
+            q8_0_family(
+                n,
+                w,
+                $wb,
+                a,
+                |b| $qs(b),
+                |p, stride, m| $dw(p, stride, m),
+                |x, y| dpbusd(x, y),
+            )
         }
 
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
         pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-            q8_0_family4(n, w, $wb, a, |b| $qs(b), |b| $dw(b), |x, y| dpbusd(x, y))
+            q8_0_family4(
+                n,
+                w,
+                $wb,
+                a,
+                |b| $qs(b),
+                |p, stride, m| $dw(p, stride, m),
+                |x, y| dpbusd(x, y),
+            )
         }
     };
 }
 
-q8_0_vnni!(q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scale);
-q8_0_vnni!(q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scale);
-q8_0_vnni!(q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scale);
-q8_0_vnni!(mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scale);
+q8_0_vnni!(q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales);
+q8_0_vnni!(q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales);
+q8_0_vnni!(q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales);
+q8_0_vnni!(mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales);
 
 #[cfg(test)]
 mod tests {

@@ -336,3 +336,73 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test --release --lib stream_speed -- --ignored --nocapture`: GB/s of one-token
+    /// products over matrices far larger than the caches (as decode reads them), beside a plain
+    /// summing read of the same bytes. No timing is asserted.
+    #[test]
+    #[ignore]
+    fn stream_speed() {
+        let threads: usize = std::env::var("THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        let pool = ThreadPool::new(threads);
+        let cols = 2048;
+        for ty in [GgmlType::Q8_0, GgmlType::Q4K] {
+            let rows = (256 << 20) / (cols / ty.block_size() * ty.type_size());
+            let bytes = rows * cols / ty.block_size() * ty.type_size();
+            let mut data = vec![0u8; bytes];
+            let bs = ty.type_size();
+            for (i, b) in data.chunks_exact_mut(bs).enumerate() {
+                for (j, v) in b.iter_mut().enumerate() {
+                    *v = (i * 31 + j * 7) as u8;
+                }
+                let h = crate::model::quants::f32_to_f16(0.001).to_le_bytes();
+                b[..2].copy_from_slice(&h);
+                if ty == GgmlType::Q4K {
+                    b[2..4].copy_from_slice(&h);
+                }
+            }
+            let w = QMat {
+                ty,
+                rows,
+                cols,
+                data: &data,
+            };
+            let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+            let mut out = vec![0.0; rows];
+            let mut act = Activations::new();
+            matmul(&pool, &w, &x, 1, &mut out, &mut act);
+            let reps = 10;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                matmul(&pool, &w, &x, 1, &mut out, &mut act);
+            }
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            let sums = SyncPtr::new(out.as_mut_ptr());
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                pool.run(|ith, nth| {
+                    let (a, b) = split_range(bytes / 8, ith, nth, 8);
+                    // SAFETY: words [a, b) lie inside `data`; each thread writes its own sum.
+                    let words = unsafe {
+                        std::slice::from_raw_parts(data.as_ptr().add(8 * a) as *const u64, b - a)
+                    };
+                    let v = words.iter().fold(0u64, |s, &x| s.wrapping_add(x));
+                    unsafe { *sums.get().add(ith) = v as f32 };
+                });
+            }
+            let sread = t.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "{ty} x1, {threads} threads: product {:.1} GB/s, plain read {:.1} GB/s",
+                bytes as f64 / s / 1e9,
+                bytes as f64 / sread / 1e9
+            );
+        }
+    }
+}
