@@ -3,7 +3,7 @@
 //! backend does, because greedy tokens only match upstream's when the activations round the same
 //! way. The scalar reference dot products and dequantizers are `model::quants`'.
 
-use crate::model::quants::{f16_to_f32, f32_to_f16, quantize_q8_k as reference_q8_k};
+use crate::model::quants::{f16_to_f32, f32_to_f16};
 use crate::model::GgmlType;
 
 pub const QK8_0: usize = 32;
@@ -59,16 +59,47 @@ pub fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         ob[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         for (o, v) in ob[2..].iter_mut().zip(xb) {
-            *o = (v * id).round_ties_even() as i32 as i8 as u8;
+            *o = rint(v * id) as i32 as i8 as u8;
         }
     }
 }
 
-/// ggml's `quantize_row_q8_K` (on x86 the reference one), written into `out`.
+/// `x` rounded to the nearest integer, ties to even, for `|x| < 2^22` (activation quants are at
+/// most 127 in magnitude): adding and subtracting 1.5 * 2^23 leaves no fraction bits, and the add
+/// rounds as the FPU rounds, to nearest even. `round_ties_even` is a libm call on a baseline
+/// x86-64 build, and quantizing a decode step's activations sat on the critical path.
+#[inline(always)]
+fn rint(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// ggml's `quantize_row_q8_K` (on x86 the reference one), written into `out`: the same bytes as
+/// `model::quants::quantize_q8_k` without its allocations.
 pub fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
-    let mut tmp = Vec::with_capacity(out.len());
-    reference_q8_k(x, &mut tmp);
-    out.copy_from_slice(&tmp);
+    for (blk, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in blk {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            ob.fill(0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+        let (qs, sums) = ob[4..].split_at_mut(QK_K);
+        for (q, &v) in qs.iter_mut().zip(blk) {
+            *q = (rint(iscale * v) as i32).min(127) as i8 as u8;
+        }
+        for (g, s) in qs.chunks_exact(16).zip(sums.chunks_exact_mut(2)) {
+            let sum: i32 = g.iter().map(|&q| q as i8 as i32).sum();
+            s.copy_from_slice(&(sum as i16).to_le_bytes());
+        }
+    }
 }
 
 /// The 6-bit scale and minimum `j` (0..8) of a Q4_K/Q5_K block's packed 12 scale bytes.
@@ -171,5 +202,49 @@ mod tests {
         assert_eq!(out[4 + 7] as i8, -127);
         let bs0 = i16::from_le_bytes([out[260], out[261]]);
         assert_eq!(bs0 as i32, -127 + 15 * 32);
+    }
+
+    #[test]
+    fn q8_k_equals_the_reference_quantizer() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut f = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for case in 0..200 {
+            let mut x: Vec<f32> = (0..512).map(|_| f() * (1 + case % 7) as f32).collect();
+            if case % 3 == 0 {
+                // exact halves after scaling: ties must go to even as ggml's rounding does
+                x[1] = 127.0;
+                x.iter_mut()
+                    .skip(2)
+                    .take(40)
+                    .enumerate()
+                    .for_each(|(i, v)| {
+                        *v = i as f32 + 0.5 - 20.0;
+                    });
+            }
+            if case == 5 {
+                x[256..].fill(0.0);
+            }
+            let mut reference = Vec::new();
+            crate::model::quants::quantize_q8_k(&x, &mut reference);
+            let mut ours = vec![0xa5u8; 2 * Q8_K_BYTES];
+            quantize_q8_k(&x, &mut ours);
+            assert_eq!(ours, reference, "case {case}");
+        }
+    }
+
+    #[test]
+    fn rint_rounds_as_round_ties_even() {
+        for i in -300_000..300_000 {
+            let x = i as f32 / 1000.0;
+            assert_eq!(rint(x), x.round_ties_even(), "{x}");
+        }
+        for x in [0.5f32, 1.5, 2.5, -0.5, -1.5, 126.5, -127.5, 1e-30, -1e-30] {
+            assert_eq!(rint(x), x.round_ties_even(), "{x}");
+        }
     }
 }
