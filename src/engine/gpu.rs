@@ -1286,25 +1286,51 @@ fn card_pairs(
 /// buffers however the routing skews.
 pub const GROUP_ROWS: usize = 4096;
 
+/// What one more pass of [`card_groups`] costs, in padded rows: its gathers, scatters and
+/// launches, against the rows a pass multiplies for nothing when a small group is padded to a
+/// large one.
+const PASS_COST_ROWS: usize = 256;
+
 /// Passes `(first expert, experts, padded group size)` over the experts with pairs in `groups`:
 /// at most `per` experts, and at most `max_rows` padded rows (unless one group alone is larger).
+/// The experts are cut into runs of the least cost, [`PASS_COST_ROWS`] a pass plus its padded
+/// rows, so one hot expert under skewed routing gets a pass of its own instead of making its
+/// neighbours' groups as large as its own; runs of empty groups cost nothing.
 fn expert_passes(groups: &[Vec<usize>], per: usize, max_rows: usize) -> Vec<(usize, usize, usize)> {
-    let mut out = Vec::new();
-    let mut e0 = 0;
-    while e0 < groups.len() {
-        let (mut count, mut m) = (0, 0);
-        while e0 + count < groups.len() && count < per {
-            let grown = m.max(groups[e0 + count].len());
-            if count > 0 && (count + 1) * grown > max_rows {
+    let n = groups.len();
+    // best[i]: least cost of the first i experts, and where its last pass starts
+    let mut best = vec![(0usize, 0usize); n + 1];
+    for i in 1..=n {
+        best[i] = (usize::MAX, 0);
+        let mut m = 0;
+        for j in (i.saturating_sub(per.max(1))..i).rev() {
+            m = m.max(groups[j].len());
+            let count = i - j;
+            if count > 1 && count * m > max_rows {
                 break;
             }
-            (m, count) = (grown, count + 1);
+            let pass = if m == 0 {
+                0
+            } else {
+                PASS_COST_ROWS + count * m
+            };
+            let cost = best[j].0 + pass;
+            if cost < best[i].0 {
+                best[i] = (cost, j);
+            }
         }
-        if m > 0 {
-            out.push((e0, count, m));
-        }
-        e0 += count;
     }
+    let mut out = Vec::new();
+    let mut i = n;
+    while i > 0 {
+        let j = best[i].1;
+        let m = groups[j..i].iter().map(Vec::len).max().unwrap_or(0);
+        if m > 0 {
+            out.push((j, i - j, m));
+        }
+        i = j;
+    }
+    out.reverse();
     out
 }
 
@@ -1443,17 +1469,46 @@ mod tests {
         let g = |sizes: &[usize]| -> Vec<Vec<usize>> {
             sizes.iter().map(|&n| (0..n).collect()).collect()
         };
-        // at most 3 experts a pass; empty passes are skipped
+        // at most 3 experts a pass; empty groups at the end need no pass
         assert_eq!(
             expert_passes(&g(&[2, 0, 1, 4, 0, 0, 0]), 3, 100),
-            vec![(0, 3, 2), (3, 3, 4)]
+            vec![(0, 3, 2), (3, 1, 4)]
         );
+        // every expert with pairs lies in exactly one pass, within the bounds
+        let sizes = [0, 5, 0, 0, 7, 1, 90, 2, 0, 3, 3, 60, 0];
+        let passes = expert_passes(&g(&sizes), 4, 100);
+        let mut covered = [0; 13];
+        for &(e0, count, m) in &passes {
+            assert!(count <= 4 && (count == 1 || count * m <= 100), "{passes:?}");
+            assert_eq!(m, sizes[e0..e0 + count].iter().copied().max().unwrap());
+            covered[e0..e0 + count].iter_mut().for_each(|c| *c += 1);
+        }
+        for (e, &n) in sizes.iter().enumerate() {
+            assert!(covered[e] <= 1 && (n == 0 || covered[e] == 1), "{passes:?}");
+        }
         // 10 padded rows at most: a big group starts its own pass, and may exceed alone
         assert_eq!(
             expert_passes(&g(&[3, 3, 3, 12, 1]), 8, 10),
             vec![(0, 3, 3), (3, 1, 12), (4, 1, 1)]
         );
         assert!(expert_passes(&g(&[0, 0]), 4, 10).is_empty());
+    }
+
+    #[test]
+    fn a_hot_expert_is_not_the_padding_of_its_neighbours() {
+        let g = |sizes: &[usize]| -> Vec<Vec<usize>> {
+            sizes.iter().map(|&n| (0..n).collect()).collect()
+        };
+        // skewed routing: expert 2 takes 300 rows, the others ~30
+        let passes = expert_passes(&g(&[30, 28, 300, 31, 29, 33]), 8, 4096);
+        assert_eq!(passes, vec![(0, 2, 30), (2, 1, 300), (3, 3, 33)]);
+        let padded: usize = passes.iter().map(|p| p.1 * p.2).sum();
+        assert!(padded <= 2 * 451, "{padded} padded rows for 451 real");
+        // small groups stay together however uneven: splitting them saves less than a pass costs
+        assert_eq!(
+            expert_passes(&g(&[1, 9, 2, 40, 0, 3]), 8, 4096),
+            vec![(0, 6, 40)]
+        );
     }
 
     #[test]
