@@ -356,7 +356,18 @@ mod speed {
         for ty in [GgmlType::Q8_0, GgmlType::Q4K] {
             let rows = (256 << 20) / (cols / ty.block_size() * ty.type_size());
             let bytes = rows * cols / ty.block_size() * ty.type_size();
-            let mut data = vec![0u8; bytes];
+            // STREAM_HUGE=1: anonymous memory advised to transparent huge pages
+            let mut anon;
+            let mut vec;
+            let data: &mut [u8] = if std::env::var_os("STREAM_HUGE").is_some() {
+                anon = memmap2::MmapMut::map_anon(bytes).unwrap();
+                #[cfg(target_os = "linux")]
+                anon.advise(memmap2::Advice::HugePage).unwrap();
+                &mut anon[..]
+            } else {
+                vec = vec![0u8; bytes];
+                &mut vec[..]
+            };
             let bs = ty.type_size();
             for (i, b) in data.chunks_exact_mut(bs).enumerate() {
                 for (j, v) in b.iter_mut().enumerate() {
@@ -372,7 +383,7 @@ mod speed {
                 ty,
                 rows,
                 cols,
-                data: &data,
+                data,
             };
             let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
             let mut out = vec![0.0; rows];
