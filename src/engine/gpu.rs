@@ -415,22 +415,9 @@ fn experts(
     let [gate, up, down]: [DevMatrix; 3] = card
         .try_into()
         .map_err(|_| EngineError::Load("three expert tensors".into()))?;
-    let host = if whole {
-        None
-    } else if std::env::var("BLOOMERY_HOST_HUGE").is_ok_and(|v| v == "off") {
-        Some(tensors.map(Tensor::clone))
-    } else {
-        let mut copies = Vec::with_capacity(3);
-        for t in tensors {
-            copies.push(t.in_huge_pages().map_err(|e| {
-                EngineError::Load(format!("copying {} to host memory: {e}", t.name))
-            })?);
-        }
-        copies.try_into().ok()
-    };
     Ok(Experts {
         card: [gate, up, down],
-        host,
+        host: (!whole).then(|| tensors.map(Tensor::clone)),
         slot,
     })
 }

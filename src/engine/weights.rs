@@ -29,39 +29,6 @@ impl Tensor {
         &self.map[self.offset..self.offset + self.len]
     }
 
-    /// A copy of the tensor in anonymous memory advised to transparent huge pages (2 MiB, where
-    /// the kernel grants them). The host experts of the CUDA engine live there: they are read
-    /// whole every decode step, and with the file's 4 KiB pages the lent H200's virtual machine
-    /// read 16-thread Q4_K products at 35 GB/s against 53 GB/s from huge pages (plain reads 82
-    /// against 110; `stream_speed` in `backend::cpu::matmul`). Copied by several threads.
-    pub fn in_huge_pages(&self) -> std::io::Result<Tensor> {
-        const HUGE: usize = 2 << 20;
-        let mut anon = memmap2::MmapMut::map_anon(self.len + HUGE)?;
-        // a huge page needs a 2 MiB aligned address: the copy starts at the first one
-        let offset = (HUGE - anon.as_ptr() as usize % HUGE) % HUGE;
-        #[cfg(target_os = "linux")]
-        if let Err(e) = anon.advise(memmap2::Advice::HugePage) {
-            log::debug!("{}: no transparent huge pages ({e})", self.name);
-        }
-        let src = self.data();
-        let dst = &mut anon[offset..offset + self.len];
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-        let chunk = src.len().div_ceil(threads).max(HUGE);
-        std::thread::scope(|s| {
-            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-                s.spawn(move || d.copy_from_slice(c));
-            }
-        });
-        Ok(Tensor {
-            name: self.name.clone(),
-            ty: self.ty,
-            shape: self.shape.clone(),
-            map: Arc::new(anon.make_read_only()?),
-            offset,
-            len: self.len,
-        })
-    }
-
     /// The tensor as rows of `shape[0]` elements (all further dimensions flattened).
     pub fn mat(&self) -> QMat<'_> {
         QMat {
@@ -208,36 +175,4 @@ fn check_matrix(t: &Tensor) -> Result<(), EngineError> {
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_huge_page_copy_holds_the_same_bytes_at_a_2_mib_boundary() {
-        let dir = std::env::temp_dir().join(format!("bloomery-huge-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.bin");
-        let bytes: Vec<u8> = (0..5_000_123u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        // SAFETY: a private file of this test, not changed while mapped.
-        let map = unsafe { Mmap::map(&File::open(&path).unwrap()) }.unwrap();
-        let t = Tensor {
-            name: "t".into(),
-            ty: GgmlType::Q8_0,
-            shape: vec![32, 1],
-            map: Arc::new(map),
-            offset: 123,
-            len: 5_000_000,
-        };
-        let copy = t.in_huge_pages().unwrap();
-        assert_eq!(copy.data(), &bytes[123..5_000_123]);
-        assert_eq!(copy.data().as_ptr() as usize % (2 << 20), 0);
-        assert_eq!(
-            (copy.name.as_str(), copy.ty, &copy.shape),
-            ("t", t.ty, &t.shape)
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

@@ -195,16 +195,17 @@ pub fn pair_dots(
     }
 }
 
-/// How many rows ahead [`pair_dots`] prefetches (`BLOOMERY_PREFETCH_ROWS`, default 6; 0: off).
+/// How many rows ahead [`pair_dots`] prefetches (`BLOOMERY_PREFETCH_ROWS`, default 12; 0: off).
 /// On the lent H200 host, decode with every expert on the host went from 31.1 tok/s without to
-/// 36.5 with 2 rows and 39.0 with 6 (docs/GPU-NOTES.md).
+/// 36.5 with 2 rows and 39.0 with 6 (docs/GPU-NOTES.md, session 15); in session 19, tg64 34.6 /
+/// 37.6 / 39.3 tok/s with 0 / 6 / 12 rows (host compute 427 / 395 / 356 us per layer step).
 fn prefetch_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
         std::env::var("BLOOMERY_PREFETCH_ROWS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(6)
+            .unwrap_or(12)
     })
 }
 
