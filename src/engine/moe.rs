@@ -8,7 +8,10 @@ use super::arch::{Act, Hparams};
 use super::model::glu;
 use super::tier::heat::Heat;
 use super::weights::Tensor;
-use crate::backend::cpu::matmul::{matmul, matmul_pairs, pair_dots, Activations};
+use crate::backend::cpu::matmul::{
+    check_groups, group_tile, group_tiles, matmul, matmul_groups, matmul_pairs, pair_dots,
+    Activations, Group,
+};
 use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::{QMat, ThreadPool};
 use crate::model::quants::vec_dot_type;
@@ -118,6 +121,92 @@ fn matmul_pairs_glu(
         glu(act, gs, us);
     });
 }
+/// The weighted expert outputs of a prompt ubatch, grouped by expert: `ys` gets row `t * k + s`
+/// for token `t`'s `s`th chosen expert. The token rows are converted once; gate and up of every
+/// expert run in one pass of the pool (each thread applying the activation function to its own
+/// tiles), then down in another, each expert's weights read once for all the tokens that chose
+/// it. The same products as one [`matmul`] per expert, bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn expert_groups(
+    pool: &ThreadPool,
+    act: Act,
+    [gate, up, down]: [QMat; 3],
+    nf: usize,
+    x: &[f32],
+    routes: &[Vec<(usize, f32)>],
+    ys: &mut [f32],
+    b: &mut PairBufs,
+) {
+    let (e, n) = (gate.cols, routes.len());
+    let k = routes.first().map_or(0, Vec::len);
+    let ne = gate.rows / nf;
+    // (token, slot) pairs by expert, in token order within each
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ne];
+    for (t, r) in routes.iter().enumerate() {
+        for (s, c) in r.iter().enumerate() {
+            users[c.0].push((t, s));
+        }
+    }
+    let mut groups = Vec::new();
+    let mut order = Vec::with_capacity(n * k);
+    for (x, u) in users.iter().enumerate().filter(|(_, u)| !u.is_empty()) {
+        groups.push(Group {
+            block: x,
+            rows: u.iter().map(|p| p.0).collect(),
+            out: order.len(),
+        });
+        order.extend_from_slice(u);
+    }
+    b.x.prepare(pool, gate.ty, x, e, n);
+    let same = vec_dot_type(up.ty) == vec_dot_type(gate.ty);
+    if !same {
+        b.x_up.prepare(pool, up.ty, x, e, n);
+    }
+    let x_up = if same { &b.x } else { &b.x_up };
+    let np = order.len();
+    b.gate.resize(np * nf, 0.0);
+    b.up.resize(np * nf, 0.0);
+    check_groups(&gate, nf, &groups, &b.x, b.gate.len());
+    check_groups(&up, nf, &groups, x_up, b.up.len());
+    let (gp, upp) = (
+        SyncPtr::new(b.gate.as_mut_ptr()),
+        SyncPtr::new(b.up.as_mut_ptr()),
+    );
+    let xg = &b.x;
+    pool.run(|ith, nth| {
+        for (g, r0, r1) in group_tiles(&groups, nf, ith, nth) {
+            let gr = &groups[g];
+            // SAFETY: tiles are disjoint (group, rows) ranges of both buffers, checked above;
+            // the activation function then runs on exactly the entries this tile wrote.
+            unsafe {
+                group_tile(&gate, nf, gr, xg, r0, r1, gp);
+                group_tile(&up, nf, gr, x_up, r0, r1, upp);
+                for j in 0..gr.rows.len() {
+                    let at = (gr.out + j) * nf + r0;
+                    glu(
+                        act,
+                        std::slice::from_raw_parts_mut(gp.get().add(at), r1 - r0),
+                        std::slice::from_raw_parts(upp.get().add(at), r1 - r0),
+                    );
+                }
+            }
+        }
+    });
+    b.h.prepare(pool, down.ty, &b.gate, nf, np);
+    for g in &mut groups {
+        g.rows = (g.out..g.out + g.rows.len()).collect();
+    }
+    let mut y = vec![0.0f32; np * e];
+    matmul_groups(pool, &down, e, &groups, &b.h, &mut y);
+    for (p, &(t, s)) in order.iter().enumerate() {
+        let w = routes[t][s].1;
+        ys[(t * k + s) * e..(t * k + s + 1) * e]
+            .iter_mut()
+            .zip(&y[p * e..(p + 1) * e])
+            .for_each(|(d, v)| *d = v * w);
+    }
+}
+
 /// The experts token `t` uses, best first, with their weights.
 pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f32)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -185,47 +274,16 @@ pub fn moe_ffn(
                 .for_each(|v| *v *= w);
         }
     } else {
-        for e in 0..ne {
-            let users: Vec<(usize, usize)> = routes
-                .iter()
-                .enumerate()
-                .flat_map(|(t, r)| {
-                    r.iter()
-                        .enumerate()
-                        .filter(|(_, c)| c.0 == e)
-                        .map(move |(s, _)| (t, s))
-                })
-                .collect();
-            if users.is_empty() {
-                continue;
-            }
-            let m = users.len();
-            let mut xg = Vec::with_capacity(m * n_embd);
-            for &(t, _) in &users {
-                xg.extend_from_slice(&cur[t * n_embd..(t + 1) * n_embd]);
-            }
-            let mut g = vec![0.0; m * nf];
-            let mut u = vec![0.0; m * nf];
-            matmul(pool, &gm.rows(e * nf, (e + 1) * nf), &xg, m, &mut g, abuf);
-            matmul(pool, &um.rows(e * nf, (e + 1) * nf), &xg, m, &mut u, abuf);
-            glu(act, &mut g, &u);
-            let mut y = vec![0.0; m * n_embd];
-            matmul(
-                pool,
-                &dm.rows(e * n_embd, (e + 1) * n_embd),
-                &g,
-                m,
-                &mut y,
-                abuf,
-            );
-            for (j, &(t, s)) in users.iter().enumerate() {
-                let w = routes[t][s].1;
-                let dst = &mut ys[(t * k + s) * n_embd..(t * k + s + 1) * n_embd];
-                dst.iter_mut()
-                    .zip(&y[j * n_embd..(j + 1) * n_embd])
-                    .for_each(|(d, v)| *d = v * w);
-            }
-        }
+        expert_groups(
+            pool,
+            act,
+            [gm, um, dm],
+            nf,
+            cur,
+            &routes,
+            &mut ys,
+            pairs_buf,
+        );
     }
     for t in 0..n {
         let o = &mut out[t * n_embd..(t + 1) * n_embd];
@@ -319,6 +377,65 @@ mod tests {
                 &mut abuf,
             );
             assert_eq!(&out[j * e..(j + 1) * e], &y[..], "pair {j}");
+        }
+    }
+
+    #[test]
+    fn grouped_experts_equal_pairs_bit_for_bit() {
+        let pool = ThreadPool::new(2);
+        let (ne, nf, e, n, k) = (7, 64, 96, 13, 3);
+        let (gd, ud, dd) = (
+            q8_0_test_rows(ne * nf, e, 4),
+            q8_0_test_rows(ne * nf, e, 5),
+            q8_0_test_rows(ne * e, nf, 6),
+        );
+        let mat = |data, rows, cols| QMat {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            data,
+        };
+        let mats = [
+            mat(&gd[..], ne * nf, e),
+            mat(&ud[..], ne * nf, e),
+            mat(&dd[..], ne * e, nf),
+        ];
+        let x: Vec<f32> = (0..n * e)
+            .map(|i| ((i * 17 % 31) as f32 - 15.0) * 0.04)
+            .collect();
+        // expert 5 takes most tokens, expert 4 three, expert 6 none
+        let routes: Vec<Vec<(usize, f32)>> = (0..n)
+            .map(|t| {
+                let mut r = vec![(5, 0.5), ((t % 4), 0.3), ((t + 1) % 4, 0.2)];
+                if t % 5 == 0 {
+                    r[0].0 = 4;
+                }
+                r
+            })
+            .collect();
+        let mut ys = vec![f32::NAN; n * k * e];
+        let mut bufs = PairBufs::default();
+        expert_groups(&pool, Act::Silu, mats, nf, &x, &routes, &mut ys, &mut bufs);
+        let pairs: Vec<(usize, usize)> = routes
+            .iter()
+            .enumerate()
+            .flat_map(|(t, r)| r.iter().map(move |c| (t, c.0)))
+            .collect();
+        let mut want = vec![0.0; pairs.len() * e];
+        expert_pairs(
+            &pool,
+            Act::Silu,
+            mats,
+            nf,
+            &x,
+            &pairs,
+            &mut want,
+            &mut PairBufs::default(),
+        );
+        for (j, (t, s)) in (0..n).flat_map(|t| (0..k).map(move |s| (t, s))).enumerate() {
+            let w = routes[t][s].1;
+            let row: Vec<f32> = want[j * e..(j + 1) * e].iter().map(|v| v * w).collect();
+            assert_eq!(&ys[j * e..(j + 1) * e], &row[..], "token {t} slot {s}");
         }
     }
 

@@ -112,6 +112,8 @@ fn vnni_kernel4(w: GgmlType) -> Option<DotFn4> {
     use GgmlType::*;
     // SAFETY (all): only reached when `isa()` detected the AVX-512 VNNI level.
     Some(match w {
+        Q4K => |n, w, a| unsafe { avx512::q4_k_q8_k_x4(n, w, a) },
+        Q5K => |n, w, a| unsafe { avx512::q5_k_q8_k_x4(n, w, a) },
         Q4_0 => |n, w, a| unsafe { avx512::q4_0_q8_0_x4(n, w, a) },
         Q5_0 => |n, w, a| unsafe { avx512::q5_0_q8_0_x4(n, w, a) },
         Q8_0 => |n, w, a| unsafe { avx512::q8_0_q8_0_x4(n, w, a) },
@@ -295,7 +297,7 @@ mod tests {
     fn four_row_kernels_equal_one_row_kernels_bit_for_bit() {
         use GgmlType::*;
         let mut rng = Rng(0x0dd_ba11_cafe);
-        for ty in [Q4_0, Q5_0, Q8_0, Mxfp4] {
+        for ty in [Q4_0, Q5_0, Q8_0, Mxfp4, Q4K, Q5K] {
             let n = 1024;
             let w = random_weights(ty, n, &mut rng);
             let acts: Vec<Vec<u8>> = (0..4)
@@ -310,7 +312,14 @@ mod tests {
                 .into_iter()
                 .filter(|&l| l as u8 <= detect() as u8)
             {
-                let four = kernel4_for(level, ty).expect("a four-row kernel");
+                let Some(four) = kernel4_for(level, ty) else {
+                    // the K-quants have four-row kernels at the VNNI level only
+                    assert!(
+                        matches!(ty, Q4K | Q5K) && level == Isa::Avx2,
+                        "{ty} {level:?}"
+                    );
+                    continue;
+                };
                 let one = kernel_for(level, ty).unwrap();
                 let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
                 for (j, a) in acts.iter().enumerate() {

@@ -167,6 +167,121 @@ pub fn matmul_pairs(
     });
 }
 
+/// The token rows that multiply one block of a stacked weight (an expert's rows) in
+/// [`matmul_groups`]: `rows` are rows of the activations, and the group's results go to output
+/// rows `out..out + rows.len()` (each `rows_per` floats).
+pub struct Group {
+    pub block: usize,
+    pub rows: Vec<usize>,
+    pub out: usize,
+}
+
+/// Prompt-sized products of a stacked weight, grouped by block: for group `g` and its `j`th token
+/// row, `out[(g.out + j) * rows_per + r] = dot(w.row(g.block * rows_per + r), act.row(g.rows[j]))`.
+/// Every group's tiles of rows go to the threads in one pass, dealt by cost (tokens times rows),
+/// and each tile runs its tokens four at a time through the four-row kernel where the type has
+/// one; the results equal [`matmul`] of each group's rows bit for bit.
+pub fn matmul_groups(
+    pool: &ThreadPool,
+    w: &QMat,
+    rows_per: usize,
+    groups: &[Group],
+    act: &Activations,
+    out: &mut [f32],
+) {
+    check_groups(w, rows_per, groups, act, out.len());
+    let out = SyncPtr::new(out.as_mut_ptr());
+    pool.run(|ith, nth| {
+        for (g, r0, r1) in group_tiles(groups, rows_per, ith, nth) {
+            // SAFETY: tiles are disjoint (group, rows) ranges of `out`, checked above.
+            unsafe { group_tile(w, rows_per, &groups[g], act, r0, r1, out) };
+        }
+    });
+}
+
+/// The bounds [`matmul_groups`] relies on: blocks of `w`, rows of `act`, and an output of
+/// `out_len` floats that holds every group's rows.
+pub fn check_groups(
+    w: &QMat,
+    rows_per: usize,
+    groups: &[Group],
+    act: &Activations,
+    out_len: usize,
+) {
+    assert_eq!(act.cols, w.cols, "activation width");
+    for g in groups {
+        assert!((g.block + 1) * rows_per <= w.rows, "group block inside w");
+        assert!(g.rows.iter().all(|&t| t < act.n), "group rows inside act");
+        assert!(
+            (g.out + g.rows.len()) * rows_per <= out_len,
+            "output holds the group"
+        );
+    }
+}
+
+/// Thread `ith`'s share of the tiles `(group, first row, end row)` of [`matmul_groups`]: tiles
+/// of [`ROW_TILE`] rows, dealt in order so each thread gets about `1/nth` of the cost.
+pub fn group_tiles(
+    groups: &[Group],
+    rows_per: usize,
+    ith: usize,
+    nth: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let total: usize = groups.iter().map(|g| g.rows.len() * rows_per).sum();
+    let mut before = 0usize;
+    groups
+        .iter()
+        .enumerate()
+        .flat_map(move |(gi, g)| {
+            (0..rows_per)
+                .step_by(ROW_TILE)
+                .map(move |r0| (gi, r0, (r0 + ROW_TILE).min(rows_per), g.rows.len()))
+        })
+        .filter(move |&(_, r0, r1, m)| {
+            let cost = m * (r1 - r0);
+            let owner = (before * nth).checked_div(total).unwrap_or(0);
+            before += cost;
+            cost > 0 && owner == ith
+        })
+        .map(|(gi, r0, r1, _)| (gi, r0, r1))
+}
+
+/// Rows `[r0, r1)` of group `g` of [`matmul_groups`], on the calling thread.
+///
+/// # Safety
+/// `out` must hold the group's output rows ([`check_groups`]) and no other thread may write
+/// these entries meanwhile.
+pub unsafe fn group_tile(
+    w: &QMat,
+    rows_per: usize,
+    g: &Group,
+    act: &Activations,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+) {
+    let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    let dot4 = kernel4(w.ty);
+    let m = g.rows.len();
+    for r in r0..r1 {
+        let wr = w.row(g.block * rows_per + r);
+        let at = |j: usize| out.get().add((g.out + j) * rows_per + r);
+        let mut j = 0;
+        if let Some(dot4) = dot4 {
+            while j + 4 <= m {
+                let rows = [0, 1, 2, 3].map(|q| act.row(g.rows[j + q]));
+                for (q, v) in dot4(w.cols, wr, rows).into_iter().enumerate() {
+                    *at(j + q) = v;
+                }
+                j += 4;
+            }
+        }
+        for j in j..m {
+            *at(j) = dot(w.cols, wr, act.row(g.rows[j]));
+        }
+    }
+}
+
 /// Entries `[i0, i0 + out.len())` of [`matmul_pairs`]'s output, on the calling thread.
 pub fn pair_dots(
     w: &QMat,
@@ -305,6 +420,81 @@ mod tests {
             for r in 0..rows {
                 assert_eq!(out[t * rows + r], dot(cols, w.row(r), act.row(t)));
             }
+        }
+    }
+
+    #[test]
+    fn groups_are_the_same_dots_as_each_blocks_product() {
+        let pool = ThreadPool::new(3);
+        let (blocks, rows_per, cols, n) = (5, 40, 64, 11);
+        let data = q8_0_test_rows(blocks * rows_per, cols, 2);
+        let w = QMat {
+            ty: GgmlType::Q8_0,
+            rows: blocks * rows_per,
+            cols,
+            data: &data,
+        };
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1)
+            .collect();
+        let mut act = Activations::new();
+        act.prepare(&pool, w.ty, &x, cols, n);
+        let lists: [(usize, Vec<usize>); 4] = [
+            (3, vec![0, 2, 5, 6, 7, 9, 10]),
+            (0, vec![1]),
+            (4, vec![]),
+            (1, vec![3, 4, 8, 0, 2]),
+        ];
+        let mut groups = Vec::new();
+        let mut at = 0;
+        for (block, rows) in lists {
+            let len = rows.len();
+            groups.push(Group {
+                block,
+                rows,
+                out: at,
+            });
+            at += len;
+        }
+        let mut out = vec![f32::NAN; at * rows_per];
+        matmul_groups(&pool, &w, rows_per, &groups, &act, &mut out);
+        let mut abuf = Activations::new();
+        for g in &groups {
+            let xs: Vec<f32> = g
+                .rows
+                .iter()
+                .flat_map(|&t| x[t * cols..(t + 1) * cols].iter().copied())
+                .collect();
+            let mut want = vec![0.0; g.rows.len() * rows_per];
+            let block = w.rows(g.block * rows_per, (g.block + 1) * rows_per);
+            matmul(&pool, &block, &xs, g.rows.len(), &mut want, &mut abuf);
+            let got = &out[g.out * rows_per..(g.out + g.rows.len()) * rows_per];
+            assert_eq!(got, &want[..], "block {}", g.block);
+        }
+    }
+
+    #[test]
+    fn group_tiles_cover_every_tile_once() {
+        let groups: Vec<Group> = [3usize, 0, 17, 1]
+            .iter()
+            .enumerate()
+            .map(|(b, &m)| Group {
+                block: b,
+                rows: vec![0; m],
+                out: 0,
+            })
+            .collect();
+        for nth in 1..5 {
+            let mut seen = Vec::new();
+            for ith in 0..nth {
+                seen.extend(group_tiles(&groups, 40, ith, nth));
+            }
+            seen.sort();
+            let want: Vec<_> = [0usize, 2, 3]
+                .iter()
+                .flat_map(|&g| [(g, 0, 16), (g, 16, 32), (g, 32, 40)])
+                .collect();
+            assert_eq!(seen, want, "{nth} threads");
         }
     }
 
