@@ -39,88 +39,23 @@ pub fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
     (s, m)
 }
 
-/// Q4_K (`wb` 144) or Q5_K (`wb` 176, `five`) blocks against Q8_K activations.
+/// Q4_K (`wb` 144) or Q5_K (`wb` 176, `five`) blocks of one weight row against `R` rows of Q8_K
+/// activations: each block's nibbles, fifth bits and scales are decoded once for the `R` rows
+/// (four in prompt products, where the decode was most of a block's work). Each row's result is
+/// the same with any `R`: the same integer lanes and float steps per row, in the same order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
-    let nb = n / QK_K;
-    assert!(w.len() >= nb * wb && a.len() >= nb * Q8_K_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
-    let low4 = _mm256_set1_epi8(0x0f);
-    // lanes 0-7 of a chunk's product belong to its even sub-block, 8-15 to its odd one
-    let mut pick = [_mm512_setzero_si512(); 4];
-    for (c, p) in pick.iter_mut().enumerate() {
-        let c = c as i32;
-        *p = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
-    }
-    let sixteen = _mm512_set1_epi8(16);
-    let qs_at = if five { 48 } else { 16 };
-    for i in 0..nb {
-        let bw = w.as_ptr().add(i * wb);
-        let ba = a.as_ptr().add(i * Q8_K_BYTES);
-        let da = f32::from_le_bytes(*(ba as *const [u8; 4]));
-        let (d, dmin) = rd_f16_pair(std::slice::from_raw_parts(bw, 4), 0);
-        let (d, dmin) = (d * da, dmin * da);
-        let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(bw.add(4), 12));
-        // mins times the activations' sub-block sums (pairs of the 16 stored i16 sums)
-        let bsums = _mm256_loadu_si256(ba.add(4 + QK_K) as *const __m256i);
-        let sub_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-        let mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
-        let mm = _mm256_mullo_epi32(sub_sums, mins);
-        let mm = _mm_add_epi32(_mm256_castsi256_si128(mm), _mm256_extracti128_si256(mm, 1));
-        let mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
-        let summ = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
-        let scales = _mm512_cvtepu8_epi32(_mm_loadl_epi64(sc.as_ptr() as *const __m128i));
-        let qh = if five {
-            let h = _mm256_loadu_si256(bw.add(16) as *const __m256i);
-            _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1)
-        } else {
-            _mm512_setzero_si512()
-        };
-        let mut sumi = _mm512_setzero_si512();
-        for (c, p) in pick.iter().enumerate() {
-            let raw = _mm256_loadu_si256(bw.add(qs_at + 32 * c) as *const __m256i);
-            let lo = _mm256_and_si256(raw, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-            let mut q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            if five {
-                // bit 2c of each qh byte is the fifth bit of the low half, 2c+1 of the high
-                let bit = _mm512_inserti64x4(
-                    _mm512_set1_epi8(1 << (2 * c)),
-                    _mm256_set1_epi8(1 << (2 * c + 1)),
-                    1,
-                );
-                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, sixteen);
-            }
-            let x = _mm512_loadu_si512(ba.add(4 + 64 * c) as *const __m512i);
-            let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
-            let scale = _mm512_permutexvar_epi32(*p, scales);
-            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dots, scale));
-        }
-        // lanes i and 8 + i are the two halves of the AVX2 kernel's lane i: folded, the block's
-        // eight integer sums and everything after them equal that kernel's bit for bit
-        let s8 = _mm256_add_epi32(
-            _mm512_castsi512_si256(sumi),
-            _mm512_extracti64x4_epi64(sumi, 1),
-        );
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc);
-        acc_m += dmin * summ as f32;
-    }
-    hsum(acc) - acc_m
-}
-
-/// [`qk_4_5`] of one weight row against four activation rows: each block's nibbles, fifth bits
-/// and scales are decoded once for the four (prompt products, where the decode was most of a
-/// block's work). Each result equals the one-row product bit for bit: the same integer lanes and
-/// the same float steps per row, in the same order.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn qk_4_5_x4(n: usize, w: &[u8], wb: usize, a: [&[u8]; 4], five: bool) -> [f32; 4] {
+unsafe fn qk_4_5<const R: usize>(
+    n: usize,
+    w: &[u8],
+    wb: usize,
+    a: [&[u8]; R],
+    five: bool,
+) -> [f32; R] {
     let nb = n / QK_K;
     assert!(w.len() >= nb * wb && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut acc_m = [0.0f32; 4];
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_m = [0.0f32; R];
     let low4 = _mm256_set1_epi8(0x0f);
     let mut pick = [_mm512_setzero_si512(); 4];
     for (c, p) in pick.iter_mut().enumerate() {
@@ -159,7 +94,7 @@ unsafe fn qk_4_5_x4(n: usize, w: &[u8], wb: usize, a: [&[u8]; 4], five: bool) ->
             q[c] = v;
             chunk_scales[c] = _mm512_permutexvar_epi32(pick[c], scales);
         }
-        for r in 0..4 {
+        for r in 0..R {
             let ba = a[r].as_ptr().add(i * Q8_K_BYTES);
             let da = f32::from_le_bytes(*(ba as *const [u8; 4]));
             let (d, dmin) = (dw * da, dminw * da);
@@ -183,27 +118,27 @@ unsafe fn qk_4_5_x4(n: usize, w: &[u8], wb: usize, a: [&[u8]; 4], five: bool) ->
             acc_m[r] += dmin * summ as f32;
         }
     }
-    [0, 1, 2, 3].map(|r| hsum(acc[r]) - acc_m[r])
+    std::array::from_fn(|r| hsum(acc[r]) - acc_m[r])
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q4_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-    qk_4_5_x4(n, w, 144, a, false)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q5_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-    qk_4_5_x4(n, w, 176, a, true)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     qk_4_5(n, w, 144, a, false)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub unsafe fn q5_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
     qk_4_5(n, w, 176, a, true)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 144, [a], false)[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 176, [a], true)[0]
 }
 
 /// Unsigned bytes times signed bytes summed in fours: the same eight lanes as AVX2's
