@@ -12,10 +12,11 @@ use super::kv::KvCache;
 use super::tier::heat::Heat;
 use super::weights::{Loader, Tensor};
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
-use crate::backend::cpu::matmul::{matmul, Activations};
+use crate::backend::cpu::matmul::{matmul, matmul_prepared, Activations};
+use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::quant::QK8_0;
 use crate::backend::cpu::ThreadPool;
-use crate::model::quants::{f16_to_f32, f32_to_f16};
+use crate::model::quants::{f16_to_f32, f32_to_f16, vec_dot_type};
 use crate::model::GgmlType;
 
 pub(super) enum Ffn {
@@ -353,9 +354,15 @@ impl Model {
                     let nf = hp.n_ff;
                     b.gate.resize(n * nf, 0.0);
                     b.up.resize(n * nf, 0.0);
-                    matmul(pool, &gate.mat(), &b.cur, n, &mut b.gate, &mut b.act);
-                    matmul(pool, &up.mat(), &b.cur, n, &mut b.up, &mut b.act);
-                    glu(self.spec.act, &mut b.gate, &b.up);
+                    // gate and up share one conversion of the input when their types allow
+                    b.act.prepare(pool, gate.ty, &b.cur, n_embd, n);
+                    matmul_prepared(pool, &gate.mat(), &b.act, &mut b.gate);
+                    if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
+                        matmul_prepared(pool, &up.mat(), &b.act, &mut b.up);
+                    } else {
+                        matmul(pool, &up.mat(), &b.cur, n, &mut b.up, &mut b.act);
+                    }
+                    glu_threaded(pool, self.spec.act, &mut b.gate, &b.up);
                     matmul(pool, &down.mat(), &b.gate, n, &mut b.ffn, &mut b.act);
                 }
                 Ffn::Moe {
@@ -513,6 +520,24 @@ pub fn rope(head: &mut [f32], cache: &[(f32, f32)], kind: RopeKind) {
 }
 
 /// `gate = act(gate) * up`.
+/// [`glu`] split over the pool for a prompt's rows (a decode step's one row stays on the calling
+/// thread: waking the pool costs more). Element by element, so the same values either way.
+pub fn glu_threaded(pool: &ThreadPool, act: Act, gate: &mut [f32], up: &[f32]) {
+    const SERIAL_MAX: usize = 1 << 14;
+    if gate.len() <= SERIAL_MAX || pool.n_threads() == 1 {
+        glu(act, gate, up);
+        return;
+    }
+    assert_eq!(gate.len(), up.len(), "gate and up rows");
+    let g = SyncPtr::new(gate.as_mut_ptr());
+    pool.run(|ith, nth| {
+        let (i0, i1) = split_range(up.len(), ith, nth, 64);
+        // SAFETY: each thread writes only elements [i0, i1) of `gate`, which has `up.len()`.
+        let mine = unsafe { std::slice::from_raw_parts_mut(g.get().add(i0), i1 - i0) };
+        glu(act, mine, &up[i0..i1]);
+    });
+}
+
 pub fn glu(act: Act, gate: &mut [f32], up: &[f32]) {
     match act {
         Act::Silu => gate
@@ -557,6 +582,24 @@ fn gelu_table() -> &'static [u16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threaded_glu_equals_serial() {
+        let pool = ThreadPool::new(3);
+        for act in [Act::Silu, Act::Gelu] {
+            let n = (1 << 14) * 3 + 77;
+            let g: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.07)
+                .collect();
+            let u: Vec<f32> = (0..n)
+                .map(|i| ((i * 11 % 53) as f32 - 26.0) * 0.05)
+                .collect();
+            let (mut serial, mut threaded) = (g.clone(), g);
+            glu(act, &mut serial, &u);
+            glu_threaded(&pool, act, &mut threaded, &u);
+            assert_eq!(serial, threaded);
+        }
+    }
 
     #[test]
     fn rms_norm_unit_rows() {
