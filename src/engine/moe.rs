@@ -121,6 +121,7 @@ fn matmul_pairs_glu(
         glu(act, gs, us);
     });
 }
+
 /// The weighted expert outputs of a prompt ubatch, grouped by expert: `ys` gets row `t * k + s`
 /// for token `t`'s `s`th chosen expert. The token rows are converted once; gate and up of every
 /// expert run in one pass of the pool (each thread applying the activation function to its own
