@@ -519,7 +519,6 @@ pub fn rope(head: &mut [f32], cache: &[(f32, f32)], kind: RopeKind) {
     }
 }
 
-/// `gate = act(gate) * up`.
 /// [`glu`] split over the pool for a prompt's rows (a decode step's one row stays on the calling
 /// thread: waking the pool costs more). Element by element, so the same values either way.
 pub fn glu_threaded(pool: &ThreadPool, act: Act, gate: &mut [f32], up: &[f32]) {
@@ -538,6 +537,7 @@ pub fn glu_threaded(pool: &ThreadPool, act: Act, gate: &mut [f32], up: &[f32]) {
     });
 }
 
+/// `gate = act(gate) * up`.
 pub fn glu(act: Act, gate: &mut [f32], up: &[f32]) {
     match act {
         Act::Silu => gate

@@ -217,11 +217,13 @@ pub(super) unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
     _mm256_shuffle_epi8(table, nibbles(b, 1))
 }
 
-/// One of the Q8_0-activation weight types: block bytes, quant decoder and scale reader, for
-/// the one-row and four-row products alike.
+/// The Q8_0-activation weight types at one instruction level (its target features and
+/// lane product, `madd_u8_i8` here and `dpbusd` for VNNI): block bytes, quant decoder and scale
+/// reader, for the one-row and four-row products alike. The item names in the body resolve
+/// where the macro is used.
 macro_rules! q8_0_kernels {
-    ($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $mul:ident; $($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident;)*) => {$(
+        #[target_feature(enable = $feat)]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
             q8_0_family(
                 n,
@@ -230,11 +232,11 @@ macro_rules! q8_0_kernels {
                 a,
                 |b| $qs(b),
                 |p, stride, m| $dw(p, stride, m),
-                |x, y| madd_u8_i8(x, y),
+                |x, y| $mul(x, y),
             )
         }
 
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $feat)]
         pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
             q8_0_family4(
                 n,
@@ -243,16 +245,20 @@ macro_rules! q8_0_kernels {
                 a,
                 |b| $qs(b),
                 |p, stride, m| $dw(p, stride, m),
-                |x, y| madd_u8_i8(x, y),
+                |x, y| $mul(x, y),
             )
         }
-    };
+    )*};
 }
+pub(super) use q8_0_kernels;
 
-q8_0_kernels!(q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales);
-q8_0_kernels!(q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales);
-q8_0_kernels!(q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales);
-q8_0_kernels!(mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales);
+q8_0_kernels! {
+    "avx2,fma,f16c", madd_u8_i8;
+    q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales;
+    q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales;
+    q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales;
+    mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales;
+}
 
 #[inline(always)]
 fn bsums(a: &[u8]) -> [i32; 16] {

@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    e8m0_scales, f16_scales, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4, q8_0_qs,
-    rd_f16_pair,
+    e8m0_scales, f16_scales, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4,
+    q8_0_kernels, q8_0_qs, rd_f16_pair,
 };
 use super::quant::{Q8_K_BYTES, QK_K};
 
@@ -57,6 +57,7 @@ unsafe fn qk_4_5<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_m = [0.0f32; R];
     let low4 = _mm256_set1_epi8(0x0f);
+    // lanes 0-7 of a chunk's product belong to its even sub-block, 8-15 to its odd one
     let mut pick = [_mm512_setzero_si512(); 4];
     for (c, p) in pick.iter_mut().enumerate() {
         let c = c as i32;
@@ -84,6 +85,7 @@ unsafe fn qk_4_5<const R: usize>(
             let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
             let mut v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             if five {
+                // bit 2c of each qh byte is the fifth bit of the low half, 2c+1 of the high
                 let bit = _mm512_inserti64x4(
                     _mm512_set1_epi8(1 << (2 * c)),
                     _mm256_set1_epi8(1 << (2 * c + 1)),
@@ -98,6 +100,7 @@ unsafe fn qk_4_5<const R: usize>(
             let ba = a[r].as_ptr().add(i * Q8_K_BYTES);
             let da = f32::from_le_bytes(*(ba as *const [u8; 4]));
             let (d, dmin) = (dw * da, dminw * da);
+            // mins times the activations' sub-block sums (pairs of the 16 stored i16 sums)
             let bsums = _mm256_loadu_si256(ba.add(4 + QK_K) as *const __m256i);
             let sub_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
             let mm = _mm256_mullo_epi32(sub_sums, mins);
@@ -110,6 +113,8 @@ unsafe fn qk_4_5<const R: usize>(
                 let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], x);
                 sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dots, chunk_scales[c]));
             }
+            // lanes i and 8 + i are the two halves of the AVX2 kernel's lane i: folded, the
+            // block's eight integer sums and everything after them equal that kernel's bit for bit
             let s8 = _mm256_add_epi32(
                 _mm512_castsi512_si256(sumi),
                 _mm512_extracti64x4_epi64(sumi, 1),
@@ -149,41 +154,13 @@ unsafe fn dpbusd(ax: __m256i, sy: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
 }
 
-/// The VNNI build of one Q8_0-family type: one-row and four-row products.
-macro_rules! q8_0_vnni {
-    ($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-        pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            q8_0_family(
-                n,
-                w,
-                $wb,
-                a,
-                |b| $qs(b),
-                |p, stride, m| $dw(p, stride, m),
-                |x, y| dpbusd(x, y),
-            )
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-        pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-            q8_0_family4(
-                n,
-                w,
-                $wb,
-                a,
-                |b| $qs(b),
-                |p, stride, m| $dw(p, stride, m),
-                |x, y| dpbusd(x, y),
-            )
-        }
-    };
+q8_0_kernels! {
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl", dpbusd;
+    q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales;
+    q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales;
+    q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales;
+    mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales;
 }
-
-q8_0_vnni!(q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales);
-q8_0_vnni!(q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales);
-q8_0_vnni!(q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales);
-q8_0_vnni!(mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales);
 
 #[cfg(test)]
 mod tests {

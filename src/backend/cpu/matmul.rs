@@ -261,24 +261,43 @@ pub unsafe fn group_tile(
     out: SyncPtr<f32>,
 ) {
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
-    let dot4 = kernel4(w.ty);
-    let m = g.rows.len();
+    let kernels = (dot, kernel4(w.ty));
     for r in r0..r1 {
-        let wr = w.row(g.block * rows_per + r);
-        let at = |j: usize| out.get().add((g.out + j) * rows_per + r);
-        let mut j = 0;
-        if let Some(dot4) = dot4 {
-            while j + 4 <= m {
-                let rows = [0, 1, 2, 3].map(|q| act.row(g.rows[j + q]));
-                for (q, v) in dot4(w.cols, wr, rows).into_iter().enumerate() {
-                    *at(j + q) = v;
-                }
-                j += 4;
+        row_dots(
+            kernels,
+            w.cols,
+            w.row(g.block * rows_per + r),
+            g.rows.len(),
+            |j| act.row(g.rows[j]),
+            |j, v| *out.get().add((g.out + j) * rows_per + r) = v,
+        );
+    }
+}
+
+/// One weight row `wr` against the activation rows `row(0..m)`, four at a time through the
+/// four-row kernel where the type has one (the same bits as one at a time); `put(j, v)` takes
+/// the `j`th result.
+#[inline]
+fn row_dots<'a>(
+    (dot, dot4): (DotFn, Option<DotFn4>),
+    cols: usize,
+    wr: &[u8],
+    m: usize,
+    row: impl Fn(usize) -> &'a [u8],
+    mut put: impl FnMut(usize, f32),
+) {
+    let mut j = 0;
+    if let Some(dot4) = dot4 {
+        while j + 4 <= m {
+            let rows = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+            for (q, v) in dot4(cols, wr, rows).into_iter().enumerate() {
+                put(j + q, v);
             }
+            j += 4;
         }
-        for j in j..m {
-            *at(j) = dot(w.cols, wr, act.row(g.rows[j]));
-        }
+    }
+    for j in j..m {
+        put(j, dot(cols, wr, row(j)));
     }
 }
 
@@ -359,20 +378,14 @@ unsafe fn tile_loop(
         while tb < n {
             let te = (tb + TOKEN_TILE).min(n);
             for r in rb..re {
-                let wr = w.row(r);
-                let mut t = tb;
-                if let Some(dot4) = dot4 {
-                    while t + 4 <= te {
-                        let rows = [act.row(t), act.row(t + 1), act.row(t + 2), act.row(t + 3)];
-                        for (k, v) in dot4(w.cols, wr, rows).into_iter().enumerate() {
-                            *out.get().add((t + k) * w.rows + r) = v;
-                        }
-                        t += 4;
-                    }
-                }
-                for t in t..te {
-                    *out.get().add(t * w.rows + r) = dot(w.cols, wr, act.row(t));
-                }
+                row_dots(
+                    (dot, dot4),
+                    w.cols,
+                    w.row(r),
+                    te - tb,
+                    |j| act.row(tb + j),
+                    |j, v| *out.get().add((tb + j) * w.rows + r) = v,
+                );
             }
             tb = te;
         }
