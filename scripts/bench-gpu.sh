@@ -13,8 +13,9 @@
 #            few short runs at the longest prompt (or UP_NCMOE when set).
 #   fixed8   budget8 with residency off (BLOOMERY_RESIDENCY=off: the slots keep the plan's
 #            experts); compared with budget8's upstream run, so run it after budget8.
-# Ours run with RUST_LOG=info; the share of expert routes the card slots served is printed
-# after each of our runs that had split layers.
+# Ours run with RUST_LOG=info; the share of expert routes the card slots served, the host's time
+# per layer step and the card's share of host experts are printed after each of our runs that
+# had host experts.
 # -k SKEW writes the synthetic model with make-synthetic --expert-skew SKEW (routing skew; 0, the
 # default, is even routing).
 # Both sides get the same threads (-t, default nproc), -b 2048 and -ub 512. Card memory is
@@ -172,7 +173,7 @@ ours() {
     fi
     OURS[$sc.$test]=$v
     echo "bloomery $sc $test: $v tok/s, peak ${PEAK} MiB"
-    grep -o 'expert residency: card slots served.*' "$log" | sed 's/^/    /' 
+    grep -oE 'expert residency: card slots served.*|card share of host experts.*|host experts over .*' "$log" | sed 's/^/    /'
   done
 }
 

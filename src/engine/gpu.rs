@@ -21,6 +21,7 @@ use super::model::{Ffn, Weights};
 use super::moe::{expert_pairs, PairBufs};
 use super::tier::live::{Live, LiveParams};
 use super::tier::ring::{Ring, RingError, Stage};
+use super::tier::split::{choose, Split};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
 use crate::backend::cpu::ThreadPool;
@@ -128,6 +129,56 @@ struct Stream {
     released: Vec<Option<Event>>,
     /// The host expert tensors, page-locked so their copies run on the copy engine.
     _pinned: Vec<Pinned>,
+    /// The card's share of small steps' host experts (only with the tensors page-locked).
+    share: Option<CardShare>,
+}
+
+/// Card buffers that some of a small step's host experts are copied into and multiplied from,
+/// on the copy engine and the card, while the CPU computes the others (`tier::split`).
+struct CardShare {
+    mats: [DevMatrix; 3],
+    /// Experts the buffers hold.
+    cap: usize,
+    split: Split,
+    /// The products that last read the buffers: the next copies into them wait for these.
+    read: Option<Event>,
+    /// The last share's copies started, its products ended, and how many experts it sent (its
+    /// time is read once it has finished).
+    timing: Option<(Event, Event, usize)>,
+    /// Layer steps that shared, and experts sent to the card over them (logged on drop).
+    steps: u64,
+    sent: u64,
+}
+
+impl Drop for CardShare {
+    fn drop(&mut self) {
+        if self.steps > 0 {
+            let (cpu, card) = self.split.costs();
+            log::info!(
+                "card share of host experts: {:.2} of them per layer step over {} steps; per expert {:.1} us on the CPU, {:.1} us on the card",
+                self.sent as f64 / self.steps as f64,
+                self.steps,
+                cpu.unwrap_or(f64::NAN),
+                card.unwrap_or(f64::NAN)
+            );
+        }
+    }
+}
+
+/// `BLOOMERY_CARD_SHARE`: `off` keeps every small step's host experts on the CPU, a number sends
+/// that many per layer step to the card; unset, the share adapts (`Some(None)`).
+fn card_share_setting() -> Option<Option<usize>> {
+    match std::env::var("BLOOMERY_CARD_SHARE") {
+        Ok(v) if matches!(v.as_str(), "off" | "no") => None,
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) => Some(Some(n)),
+            Err(_) => {
+                log::warn!("BLOOMERY_CARD_SHARE={v} is neither off nor a count: adapting");
+                Some(None)
+            }
+        },
+        Err(_) => Some(None),
+    }
 }
 
 /// The model's stream ring (present whenever some layer has host experts).
@@ -263,6 +314,8 @@ struct Scratch {
     /// computed
     slot_ids: DevBuf,
     host_rows: DevBuf,
+    /// the share buffer's index of each pair the card computes from it (-1: not shared)
+    share_ids: DevBuf,
     /// tokens, positions, sequence bases, cells and wanted rows of the ubatch
     ints: DevBuf,
     /// per-expert token and pair lists of a prompt pass, padded to the largest group
@@ -422,35 +475,42 @@ fn experts(
     })
 }
 
+/// Card buffers of `bytes` for gate, up and down, shaped by whatever is copied into them.
+fn unshaped(cuda: &Cuda, bytes: [usize; 3]) -> Result<[DevMatrix; 3], EngineError> {
+    let m = |b: usize| -> Result<DevMatrix, EngineError> {
+        Ok(DevMatrix {
+            buf: cuda.gpu.alloc(b)?,
+            ty: GgmlType::F32,
+            k: 0,
+            rows: 0,
+            n_expert: 0,
+            row_bytes: 0,
+        })
+    };
+    Ok([m(bytes[0])?, m(bytes[1])?, m(bytes[2])?])
+}
+
 /// The streaming ring, sized for the largest host layer, with the host expert tensors
 /// page-locked (the copies still run, through the driver's staging, if locking is refused).
-fn stream_ring(cuda: &Cuda, host_layers: &[&Experts]) -> Result<Stream, EngineError> {
+fn stream_ring(
+    cuda: &Cuda,
+    host_layers: &[&Experts],
+    k_used: usize,
+) -> Result<Stream, EngineError> {
     let mut max = [0usize; 3];
+    let mut max_expert = [0usize; 3];
     let mut ranges = Vec::new();
     for x in host_layers {
         for (i, t) in x.host.iter().flatten().enumerate() {
             let d = t.data();
             max[i] = max[i].max(d.len());
+            max_expert[i] = max_expert[i].max(d.len() / x.slot.len().max(1));
             ranges.push((d.as_ptr() as usize, d.as_ptr() as usize + d.len()));
         }
     }
     let mut bufs = Vec::new();
     for _ in 0..RING_BUFFERS {
-        let mut b = Vec::new();
-        for &bytes in &max {
-            b.push(DevMatrix {
-                buf: cuda.gpu.alloc(bytes)?,
-                ty: GgmlType::F32,
-                k: 0,
-                rows: 0,
-                n_expert: 0,
-                row_bytes: 0,
-            });
-        }
-        let [g, u, d]: [DevMatrix; 3] = b
-            .try_into()
-            .map_err(|_| EngineError::Load("three ring matrices".into()))?;
-        bufs.push([g, u, d]);
+        bufs.push(unshaped(cuda, max)?);
     }
     let mut pinned = Vec::new();
     for (a, b) in page_spans(&ranges, 4096) {
@@ -472,12 +532,36 @@ fn stream_ring(cuda: &Cuda, host_layers: &[&Experts]) -> Result<Stream, EngineEr
         (total / RING_BUFFERS) >> 20,
         ranges.iter().map(|r| r.1 - r.0).sum::<usize>() >> 20
     );
+    let share = match card_share_setting() {
+        Some(fixed) if !pinned.is_empty() => {
+            let cap = k_used.max(1);
+            let mats = unshaped(cuda, max_expert.map(|b| b * cap))?;
+            log::info!(
+                "small steps share their host experts with the card ({}, up to {cap} a layer step)",
+                match fixed {
+                    Some(n) => format!("{n} a layer step, BLOOMERY_CARD_SHARE"),
+                    None => "adapting to both sides' speed".into(),
+                }
+            );
+            Some(CardShare {
+                mats,
+                cap,
+                split: Split::new((cap / 3).max(1), cap, fixed),
+                read: None,
+                timing: None,
+                steps: 0,
+                sent: 0,
+            })
+        }
+        _ => None,
+    };
     Ok(Stream {
         ring: Ring::new(RING_BUFFERS),
         bufs,
         copied: (0..RING_BUFFERS).map(|_| None).collect(),
         released: (0..RING_BUFFERS).map(|_| None).collect(),
         _pinned: pinned,
+        share,
     })
 }
 
@@ -660,6 +744,7 @@ impl GpuModel {
             moe_y: f(nub * k_used * e)?,
             slot_ids: f(nub * k_used)?,
             host_rows: f(nub * k_used)?,
+            share_ids: f(nub * k_used)?,
             ints: f(5 * nub)?,
             moe_lists: f(2 * hp.n_expert * nub)?,
             logits: f(LOGIT_ROWS * w.n_vocab)?,
@@ -694,7 +779,7 @@ impl GpuModel {
                 waits: Default::default(),
                 layers: 0,
             };
-            (Some(host), Some(stream_ring(&cuda, &host_layers)?))
+            (Some(host), Some(stream_ring(&cuda, &host_layers, k_used)?))
         };
         let tier = residency(&layers, hp.n_expert);
         let model = GpuModel {
@@ -1130,16 +1215,21 @@ impl GpuModel {
                 c.matmul(down, 0, s.gate.ptr(), n, s.ffn.ptr())?;
             }
             GpuFfn::Moe { router, experts } => {
-                let (mats, on_host) = match (ring, stream.as_ref()) {
+                let (mats, on_host, share) = match (ring, stream.as_mut()) {
                     // the pass streamed the whole layer onto the card
-                    (Some(b), Some(st)) => (&st.bufs[b], None),
-                    _ => (&experts.card, experts.host.as_ref().zip(host.as_mut())),
+                    (Some(b), Some(st)) => (&st.bufs[b], None, None),
+                    (_, st) => (
+                        &experts.card,
+                        experts.host.as_ref().zip(host.as_mut()),
+                        st.and_then(|st| st.share.as_mut()),
+                    ),
                 };
                 let hosted = on_host.is_some();
                 let on_host = on_host.map(|(tensors, side)| HostExperts {
                     slot: &experts.slot,
                     tensors,
                     side,
+                    share,
                 });
                 moe(c, hp, spec.act, router, mats, on_host, s, n, host_ints)?;
                 if let (true, Some(t), Some(side)) = (hosted, tier.as_mut(), host.as_ref()) {
@@ -1159,6 +1249,7 @@ struct HostExperts<'a> {
     slot: &'a [i32],
     tensors: &'a [Tensor; 3],
     side: &'a mut HostSide,
+    share: Option<&'a mut CardShare>,
 }
 
 /// The mixture-of-experts FFN of `n` tokens in `s.cur` into `s.ffn`: the experts in `mats` on
@@ -1200,7 +1291,7 @@ fn moe(
         }
         return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e);
     };
-    let side = h.side;
+    let (side, share) = (h.side, h.share);
     let t0 = std::time::Instant::now();
     side.ids.resize(n * k, 0);
     c.gpu.download(&mut side.ids, ids)?;
@@ -1210,7 +1301,7 @@ fn moe(
     side.layers += 1;
     let slots: Vec<i32> = side.ids.iter().map(|&x| h.slot[x as usize]).collect();
     let mut pairs = Vec::new();
-    let mut rows = Vec::new();
+    let mut rows: Vec<i32> = Vec::new();
     for (p, &sl) in slots.iter().enumerate() {
         if sl < 0 {
             pairs.push((p / k, side.ids[p] as usize));
@@ -1226,6 +1317,48 @@ fn moe(
             card_groups(c, mats, &slots, s, n, k, gelu, lists)?;
         }
     }
+    // a small step copies some host experts onto the card and multiplies them there meanwhile
+    let share = share.filter(|_| n <= MMV_MAX && !pairs.is_empty());
+    let mut share = match share {
+        Some(sh) => {
+            if let Some((a, b, m)) = &sh.timing {
+                if b.done()? {
+                    sh.split.card(*m, a.elapsed_us(b)?);
+                    sh.timing = None;
+                }
+            }
+            let mut distinct: Vec<usize> = pairs.iter().map(|p| p.1).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let sent = choose(&pairs, sh.split.count(distinct.len()));
+            if !sent.is_empty() {
+                let start = share_experts(c, sh, h.tensors, &sent)?;
+                let mut ids = vec![-1i32; n * k];
+                let (mut kept, mut kept_rows) = (Vec::new(), Vec::new());
+                for (&(t, x), &row) in pairs.iter().zip(&rows) {
+                    match sent.iter().position(|&y| y == x) {
+                        Some(j) => ids[row as usize] = j as i32,
+                        None => {
+                            kept.push((t, x));
+                            kept_rows.push(row);
+                        }
+                    }
+                }
+                (pairs, rows) = (kept, kept_rows);
+                c.gpu.upload(s.share_ids.ptr(), &ids)?;
+                card_pairs(c, &sh.mats, s.share_ids.ptr(), s, n, k, gelu)?;
+                let end = c.gpu.timed_main_event()?;
+                sh.read = Some(c.gpu.main_event()?);
+                if sh.timing.is_none() {
+                    sh.timing = Some((start, end, sent.len()));
+                }
+            }
+            sh.steps += 1;
+            sh.sent += sent.len() as u64;
+            Some(sh)
+        }
+        None => None,
+    };
     if !pairs.is_empty() {
         let t = h.tensors;
         let t1 = std::time::Instant::now();
@@ -1242,6 +1375,12 @@ fn moe(
         );
         let t2 = std::time::Instant::now();
         side.waits[1] += t2 - t1;
+        if let Some(sh) = share.as_mut() {
+            let mut kept: Vec<usize> = pairs.iter().map(|p| p.1).collect();
+            kept.sort_unstable();
+            kept.dedup();
+            sh.split.cpu(kept.len(), (t2 - t1).as_secs_f64() * 1e6);
+        }
         let staged = c.buf(Buf::HostOut, side.y.len() * 4)?;
         c.gpu.upload(staged, &side.y)?;
         c.gpu.upload(s.host_rows.ptr(), &rows)?;
@@ -1256,6 +1395,41 @@ fn moe(
         side.waits[2] += t2.elapsed();
     }
     c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
+}
+
+/// Queues the copies of host experts `sent` (of `tensors`) into the share buffers, on the side
+/// stream after the products that last read them, with the main stream made to wait for them;
+/// expert `sent[j]` lands in buffer slot `j`. Returns a timed event before the copies.
+fn share_experts(
+    c: &Cuda,
+    sh: &mut CardShare,
+    tensors: &[Tensor; 3],
+    sent: &[usize],
+) -> Result<Event, CudaError> {
+    let gpu = &c.gpu;
+    if let Some(ev) = &sh.read {
+        gpu.side_waits(ev)?;
+    }
+    let start = gpu.timed_side_event()?;
+    for (t, m) in tensors.iter().zip(&mut sh.mats) {
+        let d = t.data();
+        let ne = t.shape[2..].iter().product::<usize>().max(1);
+        let eb = d.len() / ne;
+        let rows = t.shape[1];
+        if eb * sent.len() > m.buf.bytes() || rows == 0 {
+            return Err(CudaError(format!(
+                "{}: {} experts do not fit the share buffer",
+                t.name,
+                sent.len()
+            )));
+        }
+        (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, sh.cap, eb / rows);
+        for (j, &x) in sent.iter().enumerate() {
+            gpu.upload_side(m.buf.at(j * eb), &d[x * eb..(x + 1) * eb])?;
+        }
+    }
+    gpu.main_waits(&gpu.side_event()?)?;
+    Ok(start)
 }
 
 /// Decode-sized expert products: pair `p` of the `n * k` multiplies by expert `ids[p]` of

@@ -296,6 +296,22 @@ impl Gpu {
             .map_err(|e| err("recording an event", e))
     }
 
+    /// [`Gpu::main_event`] with a timestamp, for [`Event::elapsed_us`].
+    pub fn timed_main_event(&self) -> Result<Event, CudaError> {
+        self.stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Event)
+            .map_err(|e| err("recording an event", e))
+    }
+
+    /// [`Gpu::side_event`] with a timestamp, for [`Event::elapsed_us`].
+    pub fn timed_side_event(&self) -> Result<Event, CudaError> {
+        self.side
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Event)
+            .map_err(|e| err("recording an event", e))
+    }
+
     /// Work queued on the main stream from now on starts after `e`.
     pub fn main_waits(&self, e: &Event) -> Result<(), CudaError> {
         self.stream
@@ -509,6 +525,15 @@ impl Event {
         self.0
             .try_is_complete()
             .map_err(|e| err("asking whether copies have finished", e))
+    }
+
+    /// Microseconds from this event to `end`, both timed (`Gpu::timed_*_event`); waits for
+    /// both.
+    pub fn elapsed_us(&self, end: &Event) -> Result<f64, CudaError> {
+        self.0
+            .elapsed_ms(&end.0)
+            .map(|ms| ms as f64 * 1e3)
+            .map_err(|e| err("timing events", e))
     }
 }
 

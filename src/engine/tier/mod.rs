@@ -6,12 +6,14 @@
 //! pay. The CPU engine counts routes into a [`heat::Heat`] when asked (`Forward::count_routes`).
 //! `live` drives residency while serving: the CUDA engine reports each small step's routing to it
 //! and starts the copies it plans between steps; how many slots each layer has stays the plan's.
+//! `split` shares each small step's host experts between the CPU and the card's copy engine.
 
 pub mod heat;
 pub mod live;
 pub mod residency;
 pub mod ring;
 pub mod skew;
+pub mod split;
 
 /// One expert of one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
