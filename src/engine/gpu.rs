@@ -165,6 +165,15 @@ impl Drop for CardShare {
     }
 }
 
+/// Whether decode steps with host experts replay the card's work between round trips as graphs
+/// (`BLOOMERY_HOST_GRAPHS=off` launches it kernel by kernel, for measuring).
+fn host_graphs() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !std::env::var("BLOOMERY_HOST_GRAPHS").is_ok_and(|v| matches!(v.as_str(), "off" | "0"))
+    })
+}
+
 /// `BLOOMERY_CARD_SHARE`: `off` keeps every small step's host experts on the CPU, a number sends
 /// that many per layer step to the card; unset, the share adapts (`Some(None)`).
 fn card_share_setting() -> Option<Option<usize>> {
@@ -389,8 +398,12 @@ pub struct GpuModel {
     s: Scratch,
     host_ints: Vec<i32>,
     /// The layers of a decode step of `n` tokens (index `n - 1`), captured once and replayed
-    /// (only when every expert is on the card: host experts need a round trip inside the step).
+    /// (only when every expert is on the card: host experts need a round trip inside the step,
+    /// see `segments`).
     graphs: Vec<Option<Graph>>,
+    /// With host experts: the card's work between two round trips of a decode step of `n`
+    /// tokens (index `n - 1`), segment by segment, captured once and replayed.
+    segments: Vec<Vec<Option<Graph>>>,
     /// Present when some experts live on the host.
     host: Option<HostSide>,
     stream: Option<Stream>,
@@ -803,6 +816,7 @@ impl GpuModel {
             s,
             host_ints: Vec::new(),
             graphs: (0..MMV_MAX).map(|_| None).collect(),
+            segments: (0..MMV_MAX).map(|_| Vec::new()).collect(),
             hp,
             cuda,
         };
@@ -887,16 +901,77 @@ impl GpuModel {
             if let Some(g) = &self.graphs[n - 1] {
                 g.launch()?;
             }
+        } else if n <= MMV_MAX && host_graphs() {
+            self.segmented_layers(n, &spans, io)?;
         } else {
             self.layers(n, &spans, io)?;
         }
         self.logits(n, &wanted, io, out)
     }
 
+    /// A decode step with host experts: the card's work between two round trips replays as one
+    /// graph per segment (captured on first use for each batch size), the round trips run
+    /// eagerly. The same launches as [`GpuModel::layers`], in the same order.
+    fn segmented_layers(&mut self, n: usize, spans: &[Span], io: Io) -> Result<(), CudaError> {
+        let hosts: Vec<usize> = (0..self.layers.len())
+            .filter(|&il| self.host_experts(il))
+            .collect();
+        if self.segments[n - 1].len() != hosts.len() + 1 {
+            self.segments[n - 1] = (0..=hosts.len()).map(|_| None).collect();
+        }
+        for seg in 0..=hosts.len() {
+            if self.segments[n - 1][seg].is_none() {
+                self.cuda.gpu.begin_capture()?;
+                let recorded = self.segment(&hosts, seg, n, spans, io);
+                let graph = self.cuda.gpu.end_capture();
+                recorded?;
+                self.segments[n - 1][seg] = Some(graph?);
+            }
+            if let Some(g) = &self.segments[n - 1][seg] {
+                g.launch()?;
+            }
+            if let Some(&il) = hosts.get(seg) {
+                self.layer(il, n, spans, io, None, Part::Host)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Segment `seg` of a decode step whose host-expert layers are `hosts`: the previous host
+    /// layer's tail (or the embeddings), the whole layers up to the next host layer, and that
+    /// layer's head.
+    fn segment(
+        &mut self,
+        hosts: &[usize],
+        seg: usize,
+        n: usize,
+        spans: &[Span],
+        io: Io,
+    ) -> Result<(), CudaError> {
+        let first = match seg.checked_sub(1).map(|i| hosts[i]) {
+            None => {
+                self.embed(n, io)?;
+                0
+            }
+            Some(prev) => {
+                self.layer(prev, n, spans, io, None, Part::Tail)?;
+                prev + 1
+            }
+        };
+        let end = hosts.get(seg).copied().unwrap_or(self.layers.len());
+        for il in first..end {
+            self.layer(il, n, spans, io, None, Part::Whole)?;
+        }
+        match hosts.get(seg) {
+            Some(&il) => self.layer(il, n, spans, io, None, Part::Head),
+            None => Ok(()),
+        }
+    }
+
     fn layers(&mut self, n: usize, spans: &[Span], io: Io) -> Result<(), CudaError> {
         self.embed(n, io)?;
         for il in 0..self.layers.len() {
-            self.layer(il, n, spans, io, None)?;
+            self.layer(il, n, spans, io, None, Part::Whole)?;
         }
         Ok(())
     }
@@ -945,7 +1020,7 @@ impl GpuModel {
                 None
             };
             for (n, io, _, spans) in &chunks {
-                self.layer(il, *n, spans, *io, buf)?;
+                self.layer(il, *n, spans, *io, buf, Part::Whole)?;
             }
             if let Some(b) = buf {
                 ring(&mut self.stream)?.release(&self.cuda.gpu, b)?;
@@ -1091,6 +1166,7 @@ impl GpuModel {
 
     /// Layer `il` for the `n` tokens of the ubatch at `io`; its experts come from ring buffer
     /// `ring` when the pass streams them.
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
         il: usize,
@@ -1098,6 +1174,7 @@ impl GpuModel {
         spans: &[Span],
         io: Io,
         ring: Option<usize>,
+        part: Part,
     ) -> Result<(), CudaError> {
         let GpuModel {
             cuda: c,
@@ -1126,88 +1203,96 @@ impl GpuModel {
         let neox = spec.rope == RopeKind::Neox;
         let q_scale = 1.0 / (hk as f32).sqrt();
         let x = io.x;
-        c.rms_norm(x, l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
-        c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
-        c.matmul(&l.wk, 0, s.cur.ptr(), n, s.k.ptr())?;
-        c.matmul(&l.wv, 0, s.cur.ptr(), n, s.v.ptr())?;
-        for (x, b, width) in [(&s.q, &l.bq, nq), (&s.k, &l.bk, nkv), (&s.v, &l.bv, nv)] {
-            if let Some(b) = b {
-                c.add_bias(x.ptr(), b.ptr(), width, n * width)?;
+        // the attention half (a host layer's graph segment ends after its routing)
+        if matches!(part, Part::Whole | Part::Head) {
+            c.rms_norm(x, l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
+            c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
+            c.matmul(&l.wk, 0, s.cur.ptr(), n, s.k.ptr())?;
+            c.matmul(&l.wv, 0, s.cur.ptr(), n, s.v.ptr())?;
+            for (x, b, width) in [(&s.q, &l.bq, nq), (&s.k, &l.bk, nkv), (&s.v, &l.bv, nv)] {
+                if let Some(b) = b {
+                    c.add_bias(x.ptr(), b.ptr(), width, n * width)?;
+                }
             }
-        }
-        if let Some(w) = &l.q_norm {
-            c.rms_norm(s.q.ptr(), w.ptr(), s.q.ptr(), n * hp.n_head, hk, hp.eps)?;
-        }
-        if let Some(w) = &l.k_norm {
-            c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
-        }
-        for (x, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
-            c.rope(
-                x.ptr(),
-                pos,
-                n,
-                heads,
-                hk,
-                hp.n_rot,
-                l.rope_base,
-                l.rope_scale,
-                neox,
-            )?;
-        }
-        let kq_scale = if spec.scale_q {
-            c.scale(s.q.ptr(), q_scale, n * nq)?;
-            1.0
-        } else {
-            q_scale
-        };
-        c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
-        c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
-        let n_swa = if l.swa { hp.n_swa } else { 0 };
-        for &span in spans {
-            match span {
-                Span::Prompt {
-                    start,
-                    len,
-                    seq,
-                    p0,
-                } => c.attention_prompt(
-                    s.q.at(4 * start * nq),
-                    l.k_cache.ptr(),
-                    l.v_cache.ptr(),
-                    s.attn.at(4 * start * na),
-                    seq * *n_ctx_seq,
-                    p0,
-                    len,
-                    (hp.n_head, hp.n_head_kv),
-                    (hk, hv),
-                    kq_scale,
-                    n_swa,
-                )?,
-                Span::Kernel { start, len } => c.attention(
-                    s.q.at(4 * start * nq),
-                    l.k_cache.ptr(),
-                    l.v_cache.ptr(),
-                    base + 4 * start as u64,
-                    pos + 4 * start as u64,
-                    s.attn.at(4 * start * na),
-                    len,
-                    (hp.n_head, hp.n_head_kv),
-                    (hk, hv),
-                    kq_scale,
-                    n_swa,
-                )?,
+            if let Some(w) = &l.q_norm {
+                c.rms_norm(s.q.ptr(), w.ptr(), s.q.ptr(), n * hp.n_head, hk, hp.eps)?;
             }
+            if let Some(w) = &l.k_norm {
+                c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
+            }
+            for (x, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
+                c.rope(
+                    x.ptr(),
+                    pos,
+                    n,
+                    heads,
+                    hk,
+                    hp.n_rot,
+                    l.rope_base,
+                    l.rope_scale,
+                    neox,
+                )?;
+            }
+            let kq_scale = if spec.scale_q {
+                c.scale(s.q.ptr(), q_scale, n * nq)?;
+                1.0
+            } else {
+                q_scale
+            };
+            c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
+            c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
+            let n_swa = if l.swa { hp.n_swa } else { 0 };
+            for &span in spans {
+                match span {
+                    Span::Prompt {
+                        start,
+                        len,
+                        seq,
+                        p0,
+                    } => c.attention_prompt(
+                        s.q.at(4 * start * nq),
+                        l.k_cache.ptr(),
+                        l.v_cache.ptr(),
+                        s.attn.at(4 * start * na),
+                        seq * *n_ctx_seq,
+                        p0,
+                        len,
+                        (hp.n_head, hp.n_head_kv),
+                        (hk, hv),
+                        kq_scale,
+                        n_swa,
+                    )?,
+                    Span::Kernel { start, len } => c.attention(
+                        s.q.at(4 * start * nq),
+                        l.k_cache.ptr(),
+                        l.v_cache.ptr(),
+                        base + 4 * start as u64,
+                        pos + 4 * start as u64,
+                        s.attn.at(4 * start * na),
+                        len,
+                        (hp.n_head, hp.n_head_kv),
+                        (hk, hv),
+                        kq_scale,
+                        n_swa,
+                    )?,
+                }
+            }
+            c.matmul(&l.wo, 0, s.attn.ptr(), n, s.o.ptr())?;
+            if let Some(b) = &l.bo {
+                c.add_bias(s.o.ptr(), b.ptr(), e, n * e)?;
+            }
+            if let Some(w) = &l.post_attn_norm {
+                c.rms_norm(s.o.ptr(), w.ptr(), s.o.ptr(), n, e, hp.eps)?;
+            }
+            c.add(x, s.o.ptr(), n * e)?;
+            c.rms_norm(x, l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
         }
-        c.matmul(&l.wo, 0, s.attn.ptr(), n, s.o.ptr())?;
-        if let Some(b) = &l.bo {
-            c.add_bias(s.o.ptr(), b.ptr(), e, n * e)?;
-        }
-        if let Some(w) = &l.post_attn_norm {
-            c.rms_norm(s.o.ptr(), w.ptr(), s.o.ptr(), n, e, hp.eps)?;
-        }
-        c.add(x, s.o.ptr(), n * e)?;
-        c.rms_norm(x, l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
         match &l.ffn {
+            GpuFfn::Dense { .. } if part != Part::Whole => {
+                return Err(CudaError(format!(
+                    "dense layer {il} has no round trip to split at"
+                )));
+            }
             GpuFfn::Dense { gate, up, down } => {
                 c.matmul(gate, 0, s.cur.ptr(), n, s.gate.ptr())?;
                 c.matmul(up, 0, s.cur.ptr(), n, s.up.ptr())?;
@@ -1215,6 +1300,7 @@ impl GpuModel {
                 c.matmul(down, 0, s.gate.ptr(), n, s.ffn.ptr())?;
             }
             GpuFfn::Moe { router, experts } => {
+                // the Host part is the round trip alone: its routing ran in the Head part
                 let (mats, on_host, share) = match (ring, stream.as_mut()) {
                     // the pass streamed the whole layer onto the card
                     (Some(b), Some(st)) => (&st.bufs[b], None, None),
@@ -1231,17 +1317,37 @@ impl GpuModel {
                     side,
                     share,
                 });
-                moe(c, hp, spec.act, router, mats, on_host, s, n, host_ints)?;
-                if let (true, Some(t), Some(side)) = (hosted, tier.as_mut(), host.as_ref()) {
+                moe(
+                    c, hp, spec.act, router, mats, on_host, s, n, host_ints, part,
+                )?;
+                let round_trip = matches!(part, Part::Whole | Part::Host);
+                if let (true, true, Some(t), Some(side)) =
+                    (hosted, round_trip, tier.as_mut(), host.as_ref())
+                {
                     t.live.record(il, &side.ids);
                 }
             }
+        }
+        if !matches!(part, Part::Whole | Part::Tail) {
+            return Ok(());
         }
         if let Some(w) = &l.post_ffn_norm {
             c.rms_norm(s.ffn.ptr(), w.ptr(), s.ffn.ptr(), n, e, hp.eps)?;
         }
         c.add(x, s.ffn.ptr(), n * e)
     }
+}
+
+/// Which part of a layer to run. A layer whose experts partly live on the host splits a decode
+/// step at its round trip: `Head` (attention, norm, routing) and `Tail` (combining the experts'
+/// outputs into the residual stream) go into graphs on either side of `Host` (the round trip,
+/// run eagerly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Whole,
+    Head,
+    Host,
+    Tail,
 }
 
 /// The experts of a layer that live on the host, for one step.
@@ -1265,22 +1371,35 @@ fn moe(
     s: &Scratch,
     n: usize,
     lists: &mut Vec<i32>,
+    part: Part,
 ) -> Result<(), CudaError> {
     let (ne, k, nf, e) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
     let gelu = act == Act::Gelu;
-    c.matmul(router, 0, s.cur.ptr(), n, s.router.ptr())?;
     let (ids, w) = (s.moe_ids.ptr(), s.moe_w.ptr());
-    c.route(
-        s.router.ptr(),
-        n,
-        ne,
-        k,
-        hp.expert_norm,
-        hp.expert_scale,
-        ids,
-        w,
-    )?;
+    match part {
+        Part::Whole | Part::Head => {
+            c.matmul(router, 0, s.cur.ptr(), n, s.router.ptr())?;
+            c.route(
+                s.router.ptr(),
+                n,
+                ne,
+                k,
+                hp.expert_norm,
+                hp.expert_scale,
+                ids,
+                w,
+            )?;
+            if part == Part::Head {
+                return Ok(());
+            }
+        }
+        Part::Tail => return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e),
+        Part::Host => {}
+    }
     let Some(h) = host else {
+        if part == Part::Host {
+            return Err(CudaError("a round trip without host experts".into()));
+        }
         if n <= MMV_MAX {
             // decode: each (token, slot) pair reads only its expert's rows
             card_pairs(c, mats, ids, s, n, k, gelu)?;
@@ -1393,6 +1512,9 @@ fn moe(
             pairs.len(),
         )?;
         side.waits[2] += t2.elapsed();
+    }
+    if part == Part::Host {
+        return Ok(());
     }
     c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
 }
