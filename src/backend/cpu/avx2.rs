@@ -179,6 +179,66 @@ pub(super) unsafe fn q8_0_family4(
     [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
 }
 
+/// [`q8_0_family`] of four weight rows against four activation rows, a register tile of sixteen
+/// accumulators: each weight block is decoded once for the four tokens and each activation block
+/// loaded once for the four rows. `out[r][t]` equals the one-row product of row `r` and token `t`
+/// bit for bit (the same operations per pair, in the same order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // `j` and `r` index blocks, rows and scales together
+pub(super) unsafe fn q8_0_family_tile(
+    n: usize,
+    w: [&[u8]; 4],
+    wb: usize,
+    a: [&[u8]; 4],
+    qs: impl Fn(&[u8]) -> __m256i,
+    dw: impl Fn(*const u8, usize, usize) -> __m256,
+    mul: impl Fn(__m256i, __m256i) -> __m256i,
+) -> [[f32; 4]; 4] {
+    let nb = n / QK8_0;
+    assert!(w.iter().all(|w| w.len() >= nb * wb) && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
+    let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+    let mut ds = [[[0f32; SCALE_GROUP]; 4]; 4];
+    let mut i = 0;
+    while i < nb {
+        let m = (nb - i).min(SCALE_GROUP);
+        let da: [__m256; 4] =
+            std::array::from_fn(|t| f16_scales(a[t].as_ptr().add(i * Q8_0_BYTES), Q8_0_BYTES, m));
+        for (r, w) in w.iter().enumerate() {
+            let dwv = dw(w.as_ptr().add(i * wb), wb, m);
+            for (t, da) in da.iter().enumerate() {
+                _mm256_storeu_ps(ds[r][t].as_mut_ptr(), _mm256_mul_ps(dwv, *da));
+            }
+        }
+        for j in 0..m {
+            let mut x = [_mm256_setzero_si256(); 4];
+            let mut ax = [_mm256_setzero_si256(); 4];
+            for r in 0..4 {
+                x[r] = qs(std::slice::from_raw_parts(
+                    w[r].as_ptr().add((i + j) * wb),
+                    wb,
+                ));
+                ax[r] = _mm256_sign_epi8(x[r], x[r]);
+            }
+            for (t, a) in a.iter().enumerate() {
+                let ba =
+                    std::slice::from_raw_parts(a.as_ptr().add((i + j) * Q8_0_BYTES), Q8_0_BYTES);
+                let y = load(ba, 2);
+                for r in 0..4 {
+                    let p = mul(ax[r], _mm256_sign_epi8(y, x[r]));
+                    acc[r][t] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(ds[r][t][j]),
+                        _mm256_cvtepi32_ps(p),
+                        acc[r][t],
+                    );
+                }
+            }
+        }
+        i += m;
+    }
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum(acc[r][t])))
+}
+
 /// Unsigned bytes times signed bytes, summed in pairs then quads: eight i32 lanes (no pair can
 /// saturate: magnitudes are at most 128 and activations at most 127).
 #[inline]
@@ -222,7 +282,7 @@ pub(super) unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
 /// reader, for the one-row and four-row products alike. The item names in the body resolve
 /// where the macro is used.
 macro_rules! q8_0_kernels {
-    ($feat:literal, $mul:ident; $($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident;)*) => {$(
+    ($feat:literal, $mul:ident; $($one:ident, $four:ident, $tile:ident, $wb:expr, $qs:ident, $dw:ident;)*) => {$(
         #[target_feature(enable = $feat)]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
             q8_0_family(
@@ -248,19 +308,32 @@ macro_rules! q8_0_kernels {
                 |x, y| $mul(x, y),
             )
         }
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $tile(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [[f32; 4]; 4] {
+            q8_0_family_tile(
+                n,
+                w,
+                $wb,
+                a,
+                |b| $qs(b),
+                |p, stride, m| $dw(p, stride, m),
+                |x, y| $mul(x, y),
+            )
+        }
     )*};
 }
 pub(super) use q8_0_kernels;
 
 q8_0_kernels! {
     "avx2,fma,f16c", madd_u8_i8;
-    q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales;
-    q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales;
-    q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales;
-    mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales;
+    q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales;
+    q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales;
+    q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales;
+    mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales;
 }
 
-#[inline(always)]
+#[inline]
 fn bsums(a: &[u8]) -> [i32; 16] {
     let mut bs = [0i32; 16];
     for (j, b) in bs.iter_mut().enumerate() {
@@ -269,7 +342,7 @@ fn bsums(a: &[u8]) -> [i32; 16] {
     bs
 }
 
-#[inline(always)]
+#[inline]
 fn rd_f32(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
@@ -337,25 +410,29 @@ pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     qk_4_5(n, w, 176, a, true)
 }
 
+/// Q6_K blocks of one weight row against `R` rows of Q8_K activations: each block's six-bit
+/// values are assembled once for the `R` rows. Each row's result is the same with any `R` (the
+/// same integer lanes and float steps per row, in the same order).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+unsafe fn q6_k_rows<const R: usize>(n: usize, w: &[u8], a: [&[u8]; R]) -> [f32; R] {
+    let nb = n / QK_K;
+    assert!(w.len() >= nb * 210 && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
+    let mut acc = [_mm256_setzero_ps(); R];
     let m4 = _mm256_set1_epi8(0x0f);
-    for (bw, ba) in w
-        .chunks_exact(210)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-        .take(n / QK_K)
-    {
+    for (b, bw) in w.chunks_exact(210).take(nb).enumerate() {
+        let ba: [&[u8]; R] = std::array::from_fn(|r| &a[r][b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES]);
         // the half ends the block: read with the two bytes before it (the last scales), so the
         // conversion starts from a whole-register move (see `rd_f16_pair`)
-        let d = rd_f16_pair(bw, 206).1 * rd_f32(ba, 0);
+        let dw = rd_f16_pair(bw, 206).1;
         let sc = &bw[192..208];
-        let bs = bsums(ba);
-        let mut corr = 0i32;
-        for (g, &b) in bs.iter().enumerate() {
-            corr += sc[g] as i8 as i32 * b;
+        let mut corr = [0i32; R];
+        for (c, ba) in corr.iter_mut().zip(&ba) {
+            for (g, &b) in bsums(ba).iter().enumerate() {
+                *c += sc[g] as i8 as i32 * b;
+            }
         }
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); R];
         for half in 0..2 {
             let ql0 = load(bw, half * 64);
             let ql1 = load(bw, half * 64 + 32);
@@ -382,14 +459,32 @@ pub unsafe fn q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 let s_lo = sc[half * 8 + 2 * k] as i8 as i16;
                 let s_hi = sc[half * 8 + 2 * k + 1] as i8 as i16;
                 let scales = _mm256_set_m128i(_mm_set1_epi16(s_hi), _mm_set1_epi16(s_lo));
-                let p = _mm256_maddubs_epi16(*qk, load(ba, 4 + half * 128 + 32 * k));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+                for (s, ba) in sumi.iter_mut().zip(&ba) {
+                    let p = _mm256_maddubs_epi16(*qk, load(ba, 4 + half * 128 + 32 * k));
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, scales));
+                }
             }
         }
-        let total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+        for r in 0..R {
+            let d = dw * rd_f32(ba[r], 0);
+            let total = _mm256_sub_epi32(
+                sumi[r],
+                _mm256_setr_epi32(32 * corr[r], 0, 0, 0, 0, 0, 0, 0),
+            );
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc[r]);
+        }
     }
-    hsum(acc)
+    std::array::from_fn(|r| hsum(acc[r]))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q6_k_rows(n, w, [a])[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    q6_k_rows(n, w, a)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

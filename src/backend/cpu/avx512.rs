@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{
     e8m0_scales, f16_scales, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4,
-    q8_0_kernels, q8_0_qs, rd_f16_pair,
+    q8_0_family_tile, q8_0_kernels, q8_0_qs, rd_f16_pair,
 };
 use super::quant::{Q8_K_BYTES, QK_K};
 
@@ -156,10 +156,10 @@ unsafe fn dpbusd(ax: __m256i, sy: __m256i) -> __m256i {
 
 q8_0_kernels! {
     "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl", dpbusd;
-    q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales;
-    q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales;
-    q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales;
-    mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales;
+    q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales;
+    q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales;
+    q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales;
+    mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales;
 }
 
 #[cfg(test)]

@@ -14,6 +14,9 @@ pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 /// One weight row against four activation rows; each result equals the [`DotFn`] of the same
 /// type on that row bit for bit.
 pub type DotFn4 = fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
+/// Four weight rows against four activation rows: `out[r][t]`, each equal to the one-row
+/// kernel's product of row `r` and activation row `t`.
+pub type DotTile = fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -106,6 +109,46 @@ fn kernel4_for(isa: Isa, w: GgmlType) -> Option<DotFn4> {
     }
 }
 
+/// The four-by-four tile kernel for weights of type `w`, where this CPU has one at the AVX-512
+/// level: its sixteen accumulators fit AVX-512's 32 vector registers; with AVX2's 16 the tile
+/// spills and runs slower than the four-row kernel (`tile_speed`: Q5_0 12.7 against 11.6 ns per
+/// 256 weights per token; with VNNI 8.3 against 10.1).
+pub fn kernel_tile(w: GgmlType) -> Option<DotTile> {
+    match isa() {
+        Isa::Avx512Vnni => kernel_tile_for(Isa::Avx512Vnni, w),
+        _ => None,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn kernel_tile_for(isa: Isa, w: GgmlType) -> Option<DotTile> {
+    use super::{avx2, avx512};
+    use GgmlType::*;
+    // SAFETY (all): each level's kernels are reached only when `isa()` detected that level.
+    match isa {
+        Isa::Scalar => None,
+        Isa::Avx2 => Some(match w {
+            Q4_0 => |n, w, a| unsafe { avx2::q4_0_q8_0_4x4(n, w, a) },
+            Q5_0 => |n, w, a| unsafe { avx2::q5_0_q8_0_4x4(n, w, a) },
+            Q8_0 => |n, w, a| unsafe { avx2::q8_0_q8_0_4x4(n, w, a) },
+            Mxfp4 => |n, w, a| unsafe { avx2::mxfp4_q8_0_4x4(n, w, a) },
+            _ => return None,
+        }),
+        Isa::Avx512Vnni => Some(match w {
+            Q4_0 => |n, w, a| unsafe { avx512::q4_0_q8_0_4x4(n, w, a) },
+            Q5_0 => |n, w, a| unsafe { avx512::q5_0_q8_0_4x4(n, w, a) },
+            Q8_0 => |n, w, a| unsafe { avx512::q8_0_q8_0_4x4(n, w, a) },
+            Mxfp4 => |n, w, a| unsafe { avx512::mxfp4_q8_0_4x4(n, w, a) },
+            _ => return None,
+        }),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn kernel_tile_for(_isa: Isa, _w: GgmlType) -> Option<DotTile> {
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 fn vnni_kernel4(w: GgmlType) -> Option<DotFn4> {
     use super::avx512;
@@ -137,6 +180,7 @@ fn simd_kernel4(w: GgmlType) -> Option<DotFn4> {
         Q5_0 => |n, w, a| unsafe { avx2::q5_0_q8_0_x4(n, w, a) },
         Q8_0 => |n, w, a| unsafe { avx2::q8_0_q8_0_x4(n, w, a) },
         Mxfp4 => |n, w, a| unsafe { avx2::mxfp4_q8_0_x4(n, w, a) },
+        Q6K => |n, w, a| unsafe { avx2::q6_k_q8_k_x4(n, w, a) },
         _ => return None,
     })
 }
@@ -251,10 +295,7 @@ mod tests {
             let mut a = vec![0u8; act_row_bytes(act, n)];
             quantize_act(act, &x, &mut a);
             let rows: Vec<Vec<u8>> = (0..8).map(|_| random_weights(ty, n, &mut rng)).collect();
-            for level in [Isa::Avx2, Isa::Avx512Vnni]
-                .into_iter()
-                .filter(|&l| l as u8 <= detect() as u8)
-            {
+            for level in simd_levels() {
                 let f = kernel_for(level, ty).unwrap();
                 let reps = 20_000;
                 let t = std::time::Instant::now();
@@ -293,25 +334,41 @@ mod tests {
         }
     }
 
+    /// `count` activation rows of `n` values (random, times `scale`) converted for weights of
+    /// type `ty`.
+    fn random_acts(
+        ty: GgmlType,
+        n: usize,
+        count: usize,
+        scale: f32,
+        rng: &mut Rng,
+    ) -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|_| {
+                let x: Vec<f32> = (0..n).map(|_| rng.f() * scale).collect();
+                let mut a = vec![0u8; act_row_bytes(vec_dot_type(ty), n)];
+                quantize_act(vec_dot_type(ty), &x, &mut a);
+                a
+            })
+            .collect()
+    }
+
+    /// The SIMD levels this CPU runs.
+    fn simd_levels() -> impl Iterator<Item = Isa> {
+        [Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|&l| l as u8 <= detect() as u8)
+    }
+
     #[test]
     fn four_row_kernels_equal_one_row_kernels_bit_for_bit() {
         use GgmlType::*;
         let mut rng = Rng(0x0dd_ba11_cafe);
-        for ty in [Q4_0, Q5_0, Q8_0, Mxfp4, Q4K, Q5K] {
+        for ty in [Q4_0, Q5_0, Q8_0, Mxfp4, Q4K, Q5K, Q6K] {
             let n = 1024;
             let w = random_weights(ty, n, &mut rng);
-            let acts: Vec<Vec<u8>> = (0..4)
-                .map(|_| {
-                    let x: Vec<f32> = (0..n).map(|_| rng.f() * 2.0).collect();
-                    let mut a = vec![0u8; act_row_bytes(vec_dot_type(ty), n)];
-                    quantize_act(vec_dot_type(ty), &x, &mut a);
-                    a
-                })
-                .collect();
-            for level in [Isa::Avx2, Isa::Avx512Vnni]
-                .into_iter()
-                .filter(|&l| l as u8 <= detect() as u8)
-            {
+            let acts = random_acts(ty, n, 4, 2.0, &mut rng);
+            for level in simd_levels() {
                 let Some(four) = kernel4_for(level, ty) else {
                     // the K-quants have four-row kernels at the VNNI level only
                     assert!(
@@ -326,6 +383,85 @@ mod tests {
                     let want = one(n, &w, a);
                     assert_eq!(got[j].to_bits(), want.to_bits(), "{ty} {level:?} row {j}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn tile_kernels_equal_one_row_kernels_bit_for_bit() {
+        use GgmlType::*;
+        let mut rng = Rng(0x0071_17e5_ca1e);
+        for ty in [Q4_0, Q5_0, Q8_0, Mxfp4] {
+            // 40 blocks: five scale groups of eight, the last one partial
+            for n in [1280, 256] {
+                let ws: Vec<Vec<u8>> = (0..4).map(|_| random_weights(ty, n, &mut rng)).collect();
+                let acts = random_acts(ty, n, 4, 2.0, &mut rng);
+                for level in simd_levels() {
+                    let tile = kernel_tile_for(level, ty).unwrap();
+                    let one = kernel_for(level, ty).unwrap();
+                    let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+                    let got = tile(n, w4, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                    for (r, w) in ws.iter().enumerate() {
+                        for (t, a) in acts.iter().enumerate() {
+                            let want = one(n, w, a);
+                            assert_eq!(
+                                got[r][t].to_bits(),
+                                want.to_bits(),
+                                "{ty} {level:?} n={n} row {r} token {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Prompt-shaped products on cache-resident data, ns per 256 weights per token: one token
+    /// at a time, the four-token kernel and the four-by-four tile, where the type has them
+    /// (`cargo test --release --lib tile_speed -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "timing, for measuring"]
+    fn tile_speed() {
+        use GgmlType::*;
+        let mut rng = Rng(11);
+        for ty in [Q5_0, Q8_0, Q4_0, Q6K, Q4K] {
+            let n = 2048;
+            let acts = random_acts(ty, n, 4, 1.0, &mut rng);
+            let a4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+            let ws: Vec<Vec<u8>> = (0..8).map(|_| random_weights(ty, n, &mut rng)).collect();
+            for level in simd_levels() {
+                let reps = 4000;
+                let per = (reps * 16 * n / 256) as f64;
+                let mut sink = 0.0;
+                let mut line = format!("{ty} {level:?}:");
+                let one = kernel_for(level, ty).unwrap();
+                let t = std::time::Instant::now();
+                for r in 0..reps {
+                    for w in &ws[(r % 2) * 4..(r % 2) * 4 + 4] {
+                        for a in a4 {
+                            sink += one(n, w, a);
+                        }
+                    }
+                }
+                line += &format!(" one {:.2}", t.elapsed().as_nanos() as f64 / per);
+                if let Some(four) = kernel4_for(level, ty) {
+                    let t = std::time::Instant::now();
+                    for r in 0..reps {
+                        for w in &ws[(r % 2) * 4..(r % 2) * 4 + 4] {
+                            sink += four(n, w, a4)[0];
+                        }
+                    }
+                    line += &format!(", four {:.2}", t.elapsed().as_nanos() as f64 / per);
+                }
+                if let Some(tile) = kernel_tile_for(level, ty) {
+                    let t = std::time::Instant::now();
+                    for r in 0..reps {
+                        let w = &ws[(r % 2) * 4..(r % 2) * 4 + 4];
+                        sink += tile(n, [&w[0][..], &w[1], &w[2], &w[3]], a4)[0][0];
+                    }
+                    line += &format!(", tile {:.2}", t.elapsed().as_nanos() as f64 / per);
+                }
+                println!("{line} ns per 256 weights per token ({sink:.1})");
             }
         }
     }

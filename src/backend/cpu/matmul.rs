@@ -3,7 +3,7 @@
 //! the weight type's `vec_dot_type`; threads split the weight rows, and each thread walks a small
 //! tile of rows across every token so the weights are read from memory once per batch.
 
-use super::dot::{kernel, kernel4, DotFn, DotFn4};
+use super::dot::{kernel, kernel4, kernel_tile, DotFn, DotFn4, DotTile};
 use super::pool::{split_range, SyncPtr, ThreadPool};
 use super::quant::{act_row_bytes, quantize_act};
 use crate::model::quants::vec_dot_type;
@@ -124,11 +124,12 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     assert!(out.len() >= act.n * w.rows, "output holds n x rows");
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
     let dot4 = kernel4(w.ty);
+    let tile = kernel_tile(w.ty);
     let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
         let (r0, r1) = split_range(w.rows, ith, nth, ROW_TILE);
         // SAFETY: this thread writes only columns [r0, r1) of every output row.
-        unsafe { tile_loop((dot, dot4), w, act, r0, r1, out) };
+        unsafe { tile_loop((dot, dot4, tile), w, act, r0, r1, out) };
     });
 }
 
@@ -359,11 +360,13 @@ fn prefetch_row(row: &[u8]) {
     let _ = row;
 }
 
-/// The single-threaded body, also used for products too small to be worth splitting. Tokens go
-/// four at a time through the four-row kernel where the type has one (each weight block decoded
-/// once for the four), the rest one at a time; both give the same bits.
+/// The single-threaded body, also used for products too small to be worth splitting. Four
+/// weight rows by four tokens go through the tile kernel where the type has one (sixteen sums in
+/// registers: each weight block decoded once for four tokens, each activation block loaded once
+/// for four rows); the remaining tokens four at a time through the four-row kernel where the
+/// type has one, the rest one at a time. All give the same bits.
 unsafe fn tile_loop(
-    (dot, dot4): (DotFn, Option<DotFn4>),
+    (dot, dot4, tile): (DotFn, Option<DotFn4>, Option<DotTile>),
     w: &QMat,
     act: &Activations,
     r0: usize,
@@ -377,7 +380,29 @@ unsafe fn tile_loop(
         let mut tb = 0;
         while tb < n {
             let te = (tb + TOKEN_TILE).min(n);
-            for r in rb..re {
+            // the tiled part: whole groups of four rows and four tokens
+            let (mut rt, tt) = (rb, tb + (te - tb) / 4 * 4);
+            if let Some(tile) = tile.filter(|_| tt > tb) {
+                while rt + 4 <= re {
+                    let rows = [w.row(rt), w.row(rt + 1), w.row(rt + 2), w.row(rt + 3)];
+                    for t in (tb..tt).step_by(4) {
+                        let a = [act.row(t), act.row(t + 1), act.row(t + 2), act.row(t + 3)];
+                        for (r, sums) in tile(w.cols, rows, a).iter().enumerate() {
+                            for (q, &v) in sums.iter().enumerate() {
+                                *out.get().add((t + q) * w.rows + rt + r) = v;
+                            }
+                        }
+                    }
+                    // this group's leftover tokens
+                    for r in rt..rt + 4 {
+                        for t in tt..te {
+                            *out.get().add(t * w.rows + r) = dot(w.cols, w.row(r), act.row(t));
+                        }
+                    }
+                    rt += 4;
+                }
+            }
+            for r in rt..re {
                 row_dots(
                     (dot, dot4),
                     w.cols,
@@ -413,8 +438,15 @@ mod tests {
 
     #[test]
     fn matmul_matches_row_by_row_dots() {
+        // 37 rows and 70 tokens: whole and partial tiles of rows and of tokens
+        for n in [5, 70] {
+            matmul_matches_row_by_row(n);
+        }
+    }
+
+    fn matmul_matches_row_by_row(n: usize) {
         let pool = ThreadPool::new(2);
-        let (rows, cols, n) = (37, 64, 5);
+        let (rows, cols) = (37, 64);
         let data = q8_0_test_rows(rows, cols, 0);
         let w = QMat {
             ty: GgmlType::Q8_0,
