@@ -21,7 +21,7 @@ use super::model::{Ffn, Weights};
 use super::moe::{expert_pairs, PairBufs};
 use super::tier::live::{Live, LiveParams};
 use super::tier::ring::{Ring, RingError, Stage};
-use super::tier::split::{choose, Split};
+use super::tier::split::{by_use, Split};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId};
 use crate::backend::cpu::ThreadPool;
@@ -221,15 +221,7 @@ impl Stream {
         let ne = x.slot.len();
         for ((t, card), m) in host.iter().zip(&x.card).zip(&mut self.bufs[b]) {
             let data = t.data();
-            let eb = data.len() / ne;
-            let rows = t.shape[1..].iter().product::<usize>() / ne;
-            if data.len() > m.buf.bytes() {
-                return Err(CudaError(format!(
-                    "{} does not fit its ring buffer",
-                    t.name
-                )));
-            }
-            (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, ne, eb / rows);
+            let eb = shape_for(m, t, ne, ne, ne)?;
             let mut x0 = 0;
             while x0 < ne {
                 // a run of host experts, or of card experts in consecutive slots
@@ -486,6 +478,29 @@ fn experts(
         host: (!whole).then(|| tensors.map(Tensor::clone)),
         slot,
     })
+}
+
+/// Shapes card buffer `m` for experts of the host tensor `t` (which stacks `ne` of them), the
+/// buffer holding `held` experts; returns one expert's bytes. Refuses `count` experts that do not
+/// fit the buffer.
+fn shape_for(
+    m: &mut DevMatrix,
+    t: &Tensor,
+    ne: usize,
+    held: usize,
+    count: usize,
+) -> Result<usize, CudaError> {
+    let eb = t.data().len() / ne;
+    let rows = t.shape[1..].iter().product::<usize>() / ne;
+    if eb * count > m.buf.bytes() || rows == 0 {
+        return Err(CudaError(format!(
+            "{}: {count} experts do not fit a card buffer of {} bytes",
+            t.name,
+            m.buf.bytes()
+        )));
+    }
+    (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, held, eb / rows);
+    Ok(eb)
 }
 
 /// Card buffers of `bytes` for gate, up and down, shaped by whatever is copied into them.
@@ -1446,12 +1461,11 @@ fn moe(
                     sh.timing = None;
                 }
             }
-            let mut distinct: Vec<usize> = pairs.iter().map(|p| p.1).collect();
-            distinct.sort_unstable();
-            distinct.dedup();
-            let sent = choose(&pairs, sh.split.count(distinct.len()));
+            let mut sent = by_use(&pairs);
+            let distinct = sent.len();
+            sent.truncate(sh.split.count(distinct));
             if !sent.is_empty() {
-                let start = share_experts(c, sh, h.tensors, &sent)?;
+                let start = share_experts(c, sh, h.tensors, h.slot.len(), &sent)?;
                 let mut ids = vec![-1i32; n * k];
                 let (mut kept, mut kept_rows) = (Vec::new(), Vec::new());
                 for (&(t, x), &row) in pairs.iter().zip(&rows) {
@@ -1466,15 +1480,15 @@ fn moe(
                 (pairs, rows) = (kept, kept_rows);
                 c.gpu.upload(s.share_ids.ptr(), &ids)?;
                 card_pairs(c, &sh.mats, s.share_ids.ptr(), s, n, k, gelu)?;
-                let end = c.gpu.timed_main_event()?;
-                sh.read = Some(c.gpu.main_event()?);
-                if sh.timing.is_none() {
-                    sh.timing = Some((start, end, sent.len()));
+                if let Some(start) = start {
+                    sh.timing = Some((start, c.gpu.timed_main_event()?, sent.len()));
                 }
+                sh.read = Some(c.gpu.main_event()?);
             }
             sh.steps += 1;
             sh.sent += sent.len() as u64;
-            Some(sh)
+            // the CPU's distinct experts, for its cost per expert
+            Some((sh, distinct - sent.len()))
         }
         None => None,
     };
@@ -1494,11 +1508,8 @@ fn moe(
         );
         let t2 = std::time::Instant::now();
         side.waits[1] += t2 - t1;
-        if let Some(sh) = share.as_mut() {
-            let mut kept: Vec<usize> = pairs.iter().map(|p| p.1).collect();
-            kept.sort_unstable();
-            kept.dedup();
-            sh.split.cpu(kept.len(), (t2 - t1).as_secs_f64() * 1e6);
+        if let Some((sh, kept)) = share.as_mut() {
+            sh.split.cpu(*kept, (t2 - t1).as_secs_f64() * 1e6);
         }
         let staged = c.buf(Buf::HostOut, side.y.len() * 4)?;
         c.gpu.upload(staged, &side.y)?;
@@ -1519,33 +1530,29 @@ fn moe(
     c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
 }
 
-/// Queues the copies of host experts `sent` (of `tensors`) into the share buffers, on the side
-/// stream after the products that last read them, with the main stream made to wait for them;
-/// expert `sent[j]` lands in buffer slot `j`. Returns a timed event before the copies.
+/// Queues the copies of host experts `sent` (of `tensors`, each stacking `ne`) into the share
+/// buffers, on the side stream after the products that last read them, with the main stream
+/// made to wait for them; expert `sent[j]` lands in buffer slot `j`. Returns a timed event
+/// before the copies when no earlier measurement is pending.
 fn share_experts(
     c: &Cuda,
     sh: &mut CardShare,
     tensors: &[Tensor; 3],
+    ne: usize,
     sent: &[usize],
-) -> Result<Event, CudaError> {
+) -> Result<Option<Event>, CudaError> {
     let gpu = &c.gpu;
     if let Some(ev) = &sh.read {
         gpu.side_waits(ev)?;
     }
-    let start = gpu.timed_side_event()?;
+    // one measurement at a time: a new one starts once the last one was read
+    let start = match sh.timing {
+        None => Some(gpu.timed_side_event()?),
+        Some(_) => None,
+    };
     for (t, m) in tensors.iter().zip(&mut sh.mats) {
         let d = t.data();
-        let ne = t.shape[2..].iter().product::<usize>().max(1);
-        let eb = d.len() / ne;
-        let rows = t.shape[1];
-        if eb * sent.len() > m.buf.bytes() || rows == 0 {
-            return Err(CudaError(format!(
-                "{}: {} experts do not fit the share buffer",
-                t.name,
-                sent.len()
-            )));
-        }
-        (m.ty, m.k, m.rows, m.n_expert, m.row_bytes) = (t.ty, t.shape[0], rows, sh.cap, eb / rows);
+        let eb = shape_for(m, t, ne, sh.cap, sent.len())?;
         for (j, &x) in sent.iter().enumerate() {
             gpu.upload_side(m.buf.at(j * eb), &d[x * eb..(x + 1) * eb])?;
         }

@@ -277,12 +277,21 @@ pub(super) unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
     _mm256_shuffle_epi8(table, nibbles(b, 1))
 }
 
-/// The Q8_0-activation weight types at one instruction level (its target features and
-/// lane product, `madd_u8_i8` here and `dpbusd` for VNNI): block bytes, quant decoder and scale
-/// reader, for the one-row and four-row products alike. The item names in the body resolve
-/// where the macro is used.
+/// The Q8_0-activation weight types' kernels at one instruction level (its target features and
+/// lane product, `madd_u8_i8` here and `dpbusd` for VNNI): one table of block bytes, quant
+/// decoder and scale reader serves the one-row, four-token and four-by-four products of both
+/// levels. The item names in the body resolve where the macro is used.
 macro_rules! q8_0_kernels {
-    ($feat:literal, $mul:ident; $($one:ident, $four:ident, $tile:ident, $wb:expr, $qs:ident, $dw:ident;)*) => {$(
+    ($feat:literal, $mul:ident) => {
+        q8_0_kernels! {
+            @each $feat, $mul;
+            q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales;
+            q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales;
+            q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales;
+            mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales;
+        }
+    };
+    (@each $feat:literal, $mul:ident; $($one:ident, $four:ident, $tile:ident, $wb:expr, $qs:ident, $dw:ident;)*) => {$(
         #[target_feature(enable = $feat)]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
             q8_0_family(
@@ -325,13 +334,7 @@ macro_rules! q8_0_kernels {
 }
 pub(super) use q8_0_kernels;
 
-q8_0_kernels! {
-    "avx2,fma,f16c", madd_u8_i8;
-    q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales;
-    q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales;
-    q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales;
-    mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales;
-}
+q8_0_kernels!("avx2,fma,f16c", madd_u8_i8);
 
 #[inline]
 fn bsums(a: &[u8]) -> [i32; 16] {

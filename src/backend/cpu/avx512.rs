@@ -154,13 +154,7 @@ unsafe fn dpbusd(ax: __m256i, sy: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
 }
 
-q8_0_kernels! {
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl", dpbusd;
-    q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales;
-    q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales;
-    q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales;
-    mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales;
-}
+q8_0_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl", dpbusd);
 
 #[cfg(test)]
 mod tests {

@@ -93,10 +93,10 @@ impl Split {
     }
 }
 
-/// The `m` experts of `pairs` (`(token, expert)`) to send to the card: those most tokens chose
-/// (each is read once for all of them on either side, and the card's product costs little per
-/// token), lower indices first among equals.
-pub fn choose(pairs: &[(usize, usize)], m: usize) -> Vec<usize> {
+/// The distinct experts of `pairs` (`(token, expert)`) in the order they go to the card: those
+/// most tokens chose first (each is read once for all of them on either side, and the card's
+/// product costs little per token), lower indices first among equals.
+pub fn by_use(pairs: &[(usize, usize)]) -> Vec<usize> {
     let mut counts: Vec<(usize, usize)> = Vec::new();
     for &(_, x) in pairs {
         match counts.iter_mut().find(|c| c.0 == x) {
@@ -105,7 +105,7 @@ pub fn choose(pairs: &[(usize, usize)], m: usize) -> Vec<usize> {
         }
     }
     counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    counts.into_iter().take(m).map(|c| c.0).collect()
+    counts.into_iter().map(|c| c.0).collect()
 }
 
 #[cfg(test)]
@@ -191,9 +191,7 @@ mod tests {
     #[test]
     fn the_most_shared_experts_go_first() {
         let pairs = [(0, 7), (0, 3), (1, 3), (1, 9), (2, 9), (2, 3), (3, 1)];
-        assert_eq!(choose(&pairs, 2), vec![3, 9]);
-        assert_eq!(choose(&pairs, 3), vec![3, 9, 1]);
-        assert_eq!(choose(&pairs, 0), Vec::<usize>::new());
-        assert_eq!(choose(&pairs, 10).len(), 4);
+        assert_eq!(by_use(&pairs), vec![3, 9, 1, 7]);
+        assert_eq!(by_use(&[]), Vec::<usize>::new());
     }
 }
