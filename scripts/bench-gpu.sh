@@ -13,6 +13,9 @@
 #            few short runs at the longest prompt (or UP_NCMOE when set).
 #   fixed8   budget8 with residency off (BLOOMERY_RESIDENCY=off: the slots keep the plan's
 #            experts); compared with budget8's upstream run, so run it after budget8.
+#   spread8  budget8 with the expert copies spread evenly over the layers
+#            (BLOOMERY_EXPERT_COPIES=spread) instead of gathered into whole layers; compared
+#            with budget8's upstream run, so run it after budget8.
 # Ours run with RUST_LOG=info; the share of expert routes the card slots served, the host's time
 # per layer step and the card's share of host experts are printed after each of our runs that
 # had host experts.
@@ -22,7 +25,7 @@
 # sampled with nvidia-smi every 100 ms during every run; peaks are MiB above the card's idle level
 # before the run, so each includes its process's CUDA context. A failed run counts 0 and prints
 # its log tail; the other runs go on. Logs, memory samples and raw numbers go to $OUT (or $WORK).
-# Usage: scripts/bench-gpu.sh [-s card,cpumoe,budget8,fixed8] [-r REPS] [-t THREADS] [-k SKEW]
+# Usage: scripts/bench-gpu.sh [-s card,cpumoe,budget8,fixed8,spread8] [-r REPS] [-t THREADS] [-k SKEW]
 #        [-m MODEL.gguf]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -36,9 +39,9 @@ done
 IFS=, read -ra SCENARIOS <<<"$S"
 for s in "${SCENARIOS[@]}"; do
   case $s in
-  card | cpumoe | budget8 | fixed8) ;;
+  card | cpumoe | budget8 | fixed8 | spread8) ;;
   *)
-    echo "unknown scenario '$s' (known: card, cpumoe, budget8, fixed8)" >&2
+    echo "unknown scenario '$s' (known: card, cpumoe, budget8, fixed8, spread8)" >&2
     exit 2
     ;;
   esac
@@ -150,6 +153,7 @@ ours() {
   cpumoe) extra=(-- --cpu-moe) ;;
   budget8) vars=("BLOOMERY_CARD_BUDGET=CUDA0=8G") ;;
   fixed8) vars=("BLOOMERY_CARD_BUDGET=CUDA0=8G" "BLOOMERY_RESIDENCY=off") ;;
+  spread8) vars=("BLOOMERY_CARD_BUDGET=CUDA0=8G" "BLOOMERY_EXPERT_COPIES=spread") ;;
   esac
   local shown=("${vars[@]}" --gpu 0 -t "$T" "${BATCH[@]}" -u 512 "${extra[@]}")
   OURS_ARGS[$sc]="${shown[*]}"
@@ -329,12 +333,12 @@ for sc in "${SCENARIOS[@]}"; do
       upstream budget8 -ncmoe "$NCMOE"
     fi
     ;;
-  fixed8)
-    ours fixed8
+  fixed8 | spread8)
+    ours "$sc"
     if [ -f "$LOG/upstream-budget8.json" ]; then
-      cp "$LOG/upstream-budget8.json" "$LOG/upstream-fixed8.json"
-      UP_ARGS[fixed8]="${UP_ARGS[budget8]:-} (budget8's run)"
-      UP_PEAK[fixed8]=${UP_PEAK[budget8]:-0}
+      cp "$LOG/upstream-budget8.json" "$LOG/upstream-$sc.json"
+      UP_ARGS[$sc]="${UP_ARGS[budget8]:-} (budget8's run)"
+      UP_PEAK[$sc]=${UP_PEAK[budget8]:-0}
     fi
     ;;
   esac

@@ -21,7 +21,9 @@ use crate::cli::{Config, PlacementIntent};
 use crate::engine::{self, CardExperts, EngineParams};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
-use crate::placement::{self, ContextRequest, Inventory, Location, Plan, PlanError, PlanRequest};
+use crate::placement::{
+    self, ContextRequest, CopyPolicy, Inventory, Location, Plan, PlanError, PlanRequest,
+};
 use crate::server::{
     ChatRenderer, ModelInfo, Reply, ReplyStream, Server, ServerParams, TaskParams,
 };
@@ -201,8 +203,21 @@ pub fn plan_placement(
         host,
         context: context_request(cfg),
         heat: None,
+        copies: copy_policy(),
     })
     .map_err(|e| LaunchError::Placement(e.to_string()))
+}
+
+/// `BLOOMERY_EXPERT_COPIES`: `layers` (the default) gathers expert copies into whole layers
+/// under even routing, `spread` spreads them evenly over the layers.
+fn copy_policy() -> CopyPolicy {
+    match std::env::var("BLOOMERY_EXPERT_COPIES") {
+        Ok(v) => CopyPolicy::parse(&v).unwrap_or_else(|| {
+            log::warn!("BLOOMERY_EXPERT_COPIES={v} is neither layers nor spread: layers");
+            CopyPolicy::default()
+        }),
+        Err(_) => CopyPolicy::default(),
+    }
 }
 
 /// How the engine executes `plan`: the card (ordinal) that serves it, with each MoE layer's

@@ -6,8 +6,8 @@ use bloomery::backend::cuda::ops::{ATTN_PASS_BYTES, W16_PASS_BYTES};
 use bloomery::cli::{parse, PlacementIntent};
 use bloomery::model::GgufFile;
 use bloomery::placement::{
-    plan, ContextRequest, DeviceInfo, Inventory, LayerKv, Location, Plan, PlanError, PlanRequest,
-    TensorEntry, CARD_RUNTIME,
+    plan, ContextRequest, CopyPolicy, DeviceInfo, Inventory, LayerKv, Location, Plan, PlanError,
+    PlanRequest, TensorEntry, CARD_RUNTIME,
 };
 use std::collections::HashMap;
 
@@ -60,7 +60,7 @@ fn model(n_layer: u32, n_expert: u32) -> Inventory {
         n_vocab: 32000,
         n_ff_active: 1024,
         n_ff_exp: 0,
-        n_expert_used: 0,
+        n_expert_used: if n_expert > 0 { 8 } else { 0 },
     }
 }
 
@@ -77,7 +77,12 @@ fn ring(n_expert: u32) -> u64 {
 /// outputs of a pass of 4096 padded expert rows (the experts have no width here), all grown by
 /// an eighth; and its copy of the 64 MiB token embeddings.
 fn buffers(n_expert: u32) -> u64 {
-    let groups = if n_expert > 0 { 4096 * 6 * 2048 } else { 0 };
+    // the padded rows of a pass of expert products, and a ubatch's expert outputs twice
+    let groups = if n_expert > 0 {
+        4096 * 6 * 2048 + 2 * 512 * 8 * 2048 * 4
+    } else {
+        0
+    };
     ((W16_PASS_BYTES + ATTN_PASS_BYTES) as u64 + groups) * 9 / 8 + 64 * MIB
 }
 /// Scratch of a pool for a 512-token ubatch, without and with the logits.
@@ -116,6 +121,7 @@ struct Case {
     cards: Vec<DeviceInfo>,
     host: u64,
     heat: Option<Vec<Vec<u64>>>,
+    copies: CopyPolicy,
 }
 
 impl Case {
@@ -127,6 +133,7 @@ impl Case {
             cards,
             host: 256 * GIB,
             heat: None,
+            copies: Default::default(),
         }
     }
 
@@ -156,6 +163,7 @@ impl Case {
             host: &host,
             context,
             heat: self.heat.as_deref(),
+            copies: self.copies,
         })
     }
 
@@ -524,15 +532,18 @@ fn automatic_card_and_host_plan() {
     let p = Case::new(&["-c", "4096"], model(8, 64), cards(&[card])).ok();
     assert_eq!(layer_map(&p), "000000000", "dense weights stay on the card");
     assert_eq!(p.cards[0].stream, ring(64));
+    // under even routing the copies gather into whole layers, the last first (no round trip
+    // through the host there): layer 7 whole, the other 36 in layer 6
     for il in 0..8 {
-        assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), HOST);
         assert_eq!(at(&p, &format!("blk.{il}.attn_q.weight")), C0);
+        let want = if il == 7 { C0 } else { HOST };
+        assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), want);
         let set = &p.layers[il].experts;
         assert_eq!(set.card, Some(0));
-        // 100 copies over 8 layers: 13 in the first four, 12 in the rest, lowest indices first
-        let n = if il < 4 { 13 } else { 12 };
+        let n = [0, 0, 0, 0, 0, 0, 36, 64][il];
         assert_eq!(set.on_card, (0..n).collect::<Vec<u32>>(), "layer {il}");
-        assert_eq!(p.layers[il].copy_bytes, n as u64 * 6 * MIB);
+        let copy = if il == 7 { 0 } else { n as u64 * 6 * MIB };
+        assert_eq!(p.layers[il].copy_bytes, copy);
     }
     assert_eq!(
         p.cards[0].weights,
@@ -541,7 +552,23 @@ fn automatic_card_and_host_plan() {
     assert!(p
         .notes
         .contains(&"100 of 512 experts copied to the cards".to_string()));
-    // with routing counts the hottest experts get the copies
+    // BLOOMERY_EXPERT_COPIES=spread: 100 copies over 8 layers, 13 in the last four, 12 in the
+    // rest, lowest indices first
+    let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[card]));
+    case.copies = CopyPolicy::SPREAD;
+    let p = case.ok();
+    for il in 0..8 {
+        assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), HOST);
+        let n = if il >= 4 { 13 } else { 12 };
+        assert_eq!(p.layers[il].experts.on_card, (0..n).collect::<Vec<u32>>());
+        assert_eq!(p.layers[il].copy_bytes, n as u64 * 6 * MIB);
+    }
+    assert_eq!(
+        p.cards[0].weights,
+        dense - SCRATCH - LOGITS - 8 * 4096 * KV_TOKEN + 600 * MIB
+    );
+    // with routing counts the hot experts get copies first: layer 2 sends every route to its
+    // experts 40-63, so those 24 spare it the host entirely; then layer 7 whole, 12 in layer 6
     let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[card]));
     case.heat = Some(
         (0..8)
@@ -553,11 +580,9 @@ fn automatic_card_and_host_plan() {
             .collect(),
     );
     let p = case.ok();
-    // the 24 hot experts first, then the others round-robin: experts 0-8 everywhere, 9 in
-    // layers 0-3
-    let want: Vec<u32> = (0..10).chain(40..64).collect();
-    assert_eq!(p.layers[2].experts.on_card, want);
-    assert_eq!(p.layers[5].experts.on_card, (0..9).collect::<Vec<u32>>());
+    assert_eq!(p.layers[2].experts.on_card, (40..64).collect::<Vec<u32>>());
+    assert_eq!(p.layers[7].experts.on_card.len(), 64);
+    assert_eq!(p.layers[6].experts.on_card, (0..12).collect::<Vec<u32>>());
     let total: usize = p.layers.iter().map(|l| l.experts.on_card.len()).sum();
     assert_eq!(total, 100);
     // when every expert fits, the experts stay whole on the card
@@ -608,8 +633,16 @@ fn balanced_pipeline_over_two_cards() {
     assert!(p.layers.iter().all(|l| l.kv == C1));
     for il in 0..8 {
         assert_eq!(p.layers[il].experts.card, Some(0));
-        assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), HOST);
+        // whole layers of experts live on card 0 outright, the others at home on the host
+        let whole = p.layers[il].experts.on_card.len() == 64;
+        let want = if whole { C0 } else { HOST };
+        assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), want);
     }
+    assert_eq!(
+        p.layers[7].experts.on_card.len(),
+        64,
+        "the last layers whole"
+    );
     // card 0 holds expert copies up to its limit (2 GiB less the 1 GiB margin, less scratch
     // and the engine's buffers)
     let copies: usize = p.layers.iter().map(|l| l.experts.on_card.len()).sum();

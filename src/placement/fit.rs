@@ -3,6 +3,7 @@
 //! `--place bp`, expert copies, the disk tier, and the final check of every pool.
 
 use super::budget::Sizing;
+use super::copies;
 use super::layout::{
     experts_to_host, layer_devices, select_devices, user_overrides, Layout, Placed,
 };
@@ -366,9 +367,9 @@ impl<'a> Planner<'a> {
             layer_devices(self.n_layer(), counts.iter().sum(), &self.chosen, &shares);
     }
 
-    /// Copies single experts to the card `card_of(layer)` names while it has room: hottest
-    /// first when routing counts are known, else expert 0 of every layer, then expert 1, and so
-    /// on, so the copies spread evenly over the layers.
+    /// Copies experts to the card `card_of(layer)` names while it has room, weighing what each
+    /// copy saves decode (`copies`): under even routing whole layers, the last layers first; with
+    /// routing counts that concentrate on few experts, those experts of every layer.
     fn copy_experts(&self, layout: &mut Layout, card_of: &dyn Fn(u32) -> Option<usize>) {
         let inv = self.req.inventory;
         for il in 0..self.n_layer() {
@@ -395,32 +396,24 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        let mut order: Vec<(u32, u32)> = (0..inv.n_expert)
-            .flat_map(|e| (0..self.n_layer()).map(move |il| (il, e)))
-            .filter(|&(il, _)| wanted[il as usize])
+        let card: Vec<Option<usize>> = wanted
+            .iter()
+            .zip(&layout.experts)
+            .map(|(&w, set)| set.card.filter(|_| w))
             .collect();
-        if let Some(heat) = self.req.heat {
-            let count = |il: u32, e: u32| {
-                heat.get(il as usize)
-                    .and_then(|h| h.get(e as usize))
-                    .copied()
-                    .unwrap_or(0)
-            };
-            order.sort_by_key(|&(il, e)| std::cmp::Reverse(count(il, e)));
-        }
-        for (il, e) in order {
-            let set = &mut layout.experts[il as usize];
-            let Some(c) = set.card else { continue };
-            let have = set.on_card.len();
-            let cost = self.sizing.expert_copy_bytes(il, have + 1)
-                - self.sizing.expert_copy_bytes(il, have);
-            if cost <= room[c] {
-                room[c] -= cost;
-                set.on_card.push(e);
+        let chosen = copies::choose(
+            &card,
+            inv.n_expert,
+            inv.n_expert_used,
+            self.req.heat,
+            &|il, count| self.sizing.expert_copy_bytes(il, count),
+            &mut room,
+            self.req.copies,
+        );
+        for (set, experts) in layout.experts.iter_mut().zip(chosen) {
+            if set.card.is_some() {
+                set.on_card = experts;
             }
-        }
-        for set in &mut layout.experts {
-            set.on_card.sort_unstable();
         }
     }
 
@@ -588,6 +581,7 @@ mod tests {
                 n_ubatch: 0,
             },
             heat: None,
+            copies: Default::default(),
         };
         plan(&req).expect("plans")
     }
@@ -715,6 +709,7 @@ mod tests {
                 n_ubatch: parsed.config.context.ubatch as u32,
             },
             heat: None,
+            copies: Default::default(),
         })
     }
 

@@ -9,19 +9,21 @@
 //! `-ncmoe`, `-ncffn`, `-nkvo`, and `--fit` with `-fitt` / `-fitc`, which shrinks only what the
 //! user left unset: first the context, then the layers on the cards. bloomery's own: with no
 //! placement options a model that does not fit keeps its dense weights on the cards and moves
-//! experts to the host, then copies as many single experts back as the cards hold (hottest first
-//! when routing counts are known); `--place bp` puts attention on the larger of two cards and
+//! experts to the host, then copies as many experts back as the cards hold (whole layers under
+//! even routing, the hot experts of every layer when routing counts concentrate); `--place bp` puts attention on the larger of two cards and
 //! experts on the other; `--place 0+1` picks cards; `BLOOMERY_CARD_BUDGET` caps a card.
 //! A card running layers whose experts live on the host or disk also holds the ring those
 //! experts stream through for long prompts (`Pool::stream`), and every fit decision weighs it.
 
 mod budget;
+mod copies;
 mod fit;
 mod host;
 mod inventory;
 mod layout;
 mod plan;
 
+pub use copies::CopyPolicy;
 pub use fit::plan;
 pub use host::host_memory;
 pub use inventory::{Inventory, LayerKv, TensorEntry};
@@ -76,4 +78,6 @@ pub struct PlanRequest<'a> {
     pub context: ContextRequest,
     /// Routing counts per layer and expert; hotter experts get card copies first.
     pub heat: Option<&'a [Vec<u64>]>,
+    /// How expert copies weigh a layer's round trip through the host.
+    pub copies: CopyPolicy,
 }
