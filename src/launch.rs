@@ -363,6 +363,7 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
         n_ctx_slot: shape.n_ctx_slot,
         n_batch: cfg.context.batch.max(1) as usize,
         n_ubatch: cfg.context.ubatch.max(1) as usize,
+        spm_infill: cfg.context.spm_infill,
         api_keys: s.api_keys.clone(),
         timeout_s: s.timeout.max(1) as u64,
         threads_http: s.threads_http,

@@ -1437,8 +1437,7 @@ static SERVER: &[Opt] = &[
     flag(&["--spm-infill"], "infill in Suffix/Prefix/Middle order, which some models prefer (default: disabled)", |p| {
         p.config.context.spm_infill = true;
         Ok(())
-    })
-    .pending("SPM infill order"),
+    }),
     text(&["--pooling"], "{none,mean,cls,last,rank}", "embedding pooling; the model's when unset", |p, v| {
         p.config.context.pooling = one_of(v, &["none", "mean", "cls", "last", "rank"])?;
         Ok(())

@@ -2,6 +2,7 @@
 //! before (and independently of) the real vocabulary.
 
 use crate::sampling::DryVocab;
+use crate::tokenizer::SpecialIds;
 
 pub trait TextCodec: Send + Sync {
     /// Vocabulary size.
@@ -17,6 +18,11 @@ pub trait TextCodec: Send + Sync {
     fn eog_tokens(&self) -> Vec<u32>;
     /// Whether tokenizing with `add_special` prepends BOS.
     fn add_bos(&self) -> bool;
+
+    /// The vocabulary's special tokens (BOS, the fill-in-the-middle ones, ...).
+    fn special_ids(&self) -> SpecialIds {
+        SpecialIds::default()
+    }
 
     /// The one token `text` (special tokens parsed) is, if it is exactly one.
     fn single_token(&self, text: &str) -> Option<u32> {
@@ -73,5 +79,9 @@ impl TextCodec for crate::tokenizer::Vocab {
 
     fn add_bos(&self) -> bool {
         crate::tokenizer::Vocab::add_bos(self)
+    }
+
+    fn special_ids(&self) -> SpecialIds {
+        crate::tokenizer::Vocab::special_ids(self)
     }
 }

@@ -22,6 +22,7 @@ use super::chat::{
 };
 use super::codec::TextCodec;
 use super::format::{self, ResponseKind, ResponseMeta};
+use super::infill;
 use super::peer::Peer;
 use super::request::{self, json_type_name, ParseContext};
 use super::scheduler::{SchedulerHandle, SlotAction, SlotActionResult};
@@ -830,12 +831,38 @@ async fn chat_completions(state: Shared, req: HttpRequest, body: Bytes) -> HttpR
     respond(handle_completion(&state, &req, body, ResponseKind::OaiChat).await)
 }
 
-/// Fill-in-the-middle needs the model's FIM tokens, which the codec does not expose yet.
-async fn infill() -> HttpResponse {
-    error(&TaskError::new(
-        ErrorKind::NotSupported,
-        "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing. ",
-    ))
+/// Fill-in-the-middle (`server::infill`): the prompt is built around the model's FIM tokens,
+/// then served as a `/completion` over those tokens.
+async fn infill(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    let prepared = (|| {
+        let r = ready(&state)?;
+        infill::check_model(r.codec.as_ref())?;
+        let mut data = parse_body(&body)?;
+        // upstream writes `input_extra` into the body by key: null becomes an object, anything
+        // else that is no object fails there
+        if data.is_null() {
+            data = json!({});
+        }
+        if !data.is_object() {
+            return Err(TaskError::invalid(format!(
+                "[json.exception.type_error.305] cannot use operator[] with a string argument with {}",
+                json_type_name(&data)
+            )));
+        }
+        let layout = infill::Layout {
+            n_batch: state.params.n_batch as i64,
+            n_predict: state.params.defaults.n_predict as i64,
+            n_ctx: r.scheduler.n_ctx_slot as i64,
+            spm: state.params.spm_infill,
+        };
+        let tokens = infill::prompt_tokens(r.codec.as_ref(), &data, layout)?;
+        data["prompt"] = json!(tokens);
+        Ok(Bytes::from(data.to_string()))
+    })();
+    match prepared {
+        Ok(body) => respond(handle_completion(&state, &req, body, ResponseKind::Native).await),
+        Err(e) => respond(Err(e)),
+    }
 }
 
 /// Embeddings and reranking are not built: upstream's answer when they are not enabled.

@@ -10,6 +10,7 @@ pub mod chat;
 pub mod codec;
 mod format;
 mod http;
+mod infill;
 mod peer;
 pub mod request;
 pub mod scheduler;
@@ -47,6 +48,8 @@ pub struct ServerParams {
     pub n_ctx_slot: usize,
     pub n_batch: usize,
     pub n_ubatch: usize,
+    /// `--spm-infill`: `/infill` prompts put the suffix before the prefix.
+    pub spm_infill: bool,
     pub api_keys: Vec<String>,
     /// HTTP read/write timeout, seconds.
     pub timeout_s: u64,
@@ -89,6 +92,7 @@ impl Default for ServerParams {
             n_ctx_slot: 0,
             n_batch: 2048,
             n_ubatch: 512,
+            spm_infill: false,
             api_keys: Vec::new(),
             timeout_s: 3600,
             threads_http: -1,
