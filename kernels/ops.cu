@@ -1,12 +1,31 @@
 // Element-wise and row-wise operations of the forward pass, all on f32 activations.
 
 // One block per row: out = x * rsqrt(mean(x^2) + eps) * w (in place when out == x).
+// Rows of `width` values, a block per row. A row of up to NORM_REGS values per thread is held in
+// registers with its weights, all loaded at once, so the row's loads and the weights' overlap
+// instead of each waiting for the one before (decode normalizes single rows, where those waits
+// were the kernel's time); wider rows loop. Either way each thread sums the same values in the
+// same order.
+#define NORM_REGS 16
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int width,
                                     float eps) {
     const float* xr = x + (i64)blockIdx.x * width;
     float* orow = out + (i64)blockIdx.x * width;
+    const bool held = width <= NORM_REGS * (int)blockDim.x;
+    float v[NORM_REGS], g[NORM_REGS];
     float s = 0.0f;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) s += xr[i] * xr[i];
+    if (held) {
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) {
+            const int i = threadIdx.x + j * blockDim.x;
+            v[j] = i < width ? xr[i] : 0.0f;
+            g[j] = i < width ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) s += v[j] * v[j];
+    } else {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) s += xr[i] * xr[i];
+    }
     __shared__ float part[32];
     s = warp_sum(s);
     if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
@@ -18,7 +37,15 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     }
     __syncthreads();
     const float scale = rsqrtf(part[0] / width + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+    if (held) {
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < width) orow[i] = v[j] * scale * g[j];
+        }
+    } else {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+    }
 }
 
 // RoPE on `heads` heads of width hd per token, the first n_rot dims of each: adjacent pairs

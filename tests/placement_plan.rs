@@ -532,17 +532,17 @@ fn automatic_card_and_host_plan() {
     let p = Case::new(&["-c", "4096"], model(8, 64), cards(&[card])).ok();
     assert_eq!(layer_map(&p), "000000000", "dense weights stay on the card");
     assert_eq!(p.cards[0].stream, ring(64));
-    // under even routing the copies gather into whole layers, the last first (no round trip
-    // through the host there): layer 7 whole, the other 36 in layer 6
+    // under even routing the copies gather into whole layers, the first first (no round trip
+    // through the host there): layer 0 whole, the other 36 in layer 1
     for il in 0..8 {
         assert_eq!(at(&p, &format!("blk.{il}.attn_q.weight")), C0);
-        let want = if il == 7 { C0 } else { HOST };
+        let want = if il == 0 { C0 } else { HOST };
         assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), want);
         let set = &p.layers[il].experts;
         assert_eq!(set.card, Some(0));
-        let n = [0, 0, 0, 0, 0, 0, 36, 64][il];
+        let n = [64, 36, 0, 0, 0, 0, 0, 0][il];
         assert_eq!(set.on_card, (0..n).collect::<Vec<u32>>(), "layer {il}");
-        let copy = if il == 7 { 0 } else { n as u64 * 6 * MIB };
+        let copy = if il == 0 { 0 } else { n as u64 * 6 * MIB };
         assert_eq!(p.layers[il].copy_bytes, copy);
     }
     assert_eq!(
@@ -552,14 +552,14 @@ fn automatic_card_and_host_plan() {
     assert!(p
         .notes
         .contains(&"100 of 512 experts copied to the cards".to_string()));
-    // BLOOMERY_EXPERT_COPIES=spread: 100 copies over 8 layers, 13 in the last four, 12 in the
+    // BLOOMERY_EXPERT_COPIES=spread: 100 copies over 8 layers, 13 in the first four, 12 in the
     // rest, lowest indices first
     let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[card]));
     case.copies = CopyPolicy::SPREAD;
     let p = case.ok();
     for il in 0..8 {
         assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), HOST);
-        let n = if il >= 4 { 13 } else { 12 };
+        let n = if il < 4 { 13 } else { 12 };
         assert_eq!(p.layers[il].experts.on_card, (0..n).collect::<Vec<u32>>());
         assert_eq!(p.layers[il].copy_bytes, n as u64 * 6 * MIB);
     }
@@ -568,7 +568,7 @@ fn automatic_card_and_host_plan() {
         dense - SCRATCH - LOGITS - 8 * 4096 * KV_TOKEN + 600 * MIB
     );
     // with routing counts the hot experts get copies first: layer 2 sends every route to its
-    // experts 40-63, so those 24 spare it the host entirely; then layer 7 whole, 12 in layer 6
+    // experts 40-63, so those 24 spare it the host entirely; then layer 0 whole, 12 in layer 1
     let mut case = Case::new(&["-c", "4096"], model(8, 64), cards(&[card]));
     case.heat = Some(
         (0..8)
@@ -581,8 +581,8 @@ fn automatic_card_and_host_plan() {
     );
     let p = case.ok();
     assert_eq!(p.layers[2].experts.on_card, (40..64).collect::<Vec<u32>>());
-    assert_eq!(p.layers[7].experts.on_card.len(), 64);
-    assert_eq!(p.layers[6].experts.on_card, (0..12).collect::<Vec<u32>>());
+    assert_eq!(p.layers[0].experts.on_card.len(), 64);
+    assert_eq!(p.layers[1].experts.on_card, (0..12).collect::<Vec<u32>>());
     let total: usize = p.layers.iter().map(|l| l.experts.on_card.len()).sum();
     assert_eq!(total, 100);
     // when every expert fits, the experts stay whole on the card
@@ -639,9 +639,9 @@ fn balanced_pipeline_over_two_cards() {
         assert_eq!(at(&p, &format!("blk.{il}.ffn_up_exps.weight")), want);
     }
     assert_eq!(
-        p.layers[7].experts.on_card.len(),
+        p.layers[0].experts.on_card.len(),
         64,
-        "the last layers whole"
+        "the first layers whole"
     );
     // card 0 holds expert copies up to its limit (2 GiB less the 1 GiB margin, less scratch
     // and the engine's buffers)

@@ -154,9 +154,10 @@ struct Move {
 }
 
 /// The move that saves the most per byte and fits: the next copy of a layer, or all its missing
-/// ones. Ties go to the layer with fewer copies (so equal layers fill evenly), then to the later
-/// layer (upstream's `-ncmoe` keeps the first layers' experts on the host), then to the smaller
-/// move.
+/// ones. Ties go to the layer with fewer copies (so equal layers fill evenly), then to the
+/// earlier layer, then to the smaller move. Earlier layers first, where upstream's `-ncmoe`
+/// keeps the last layers' experts on the card: a prompt pass starts streaming the first host
+/// layers' experts through the ring while the card computes the whole layers before them.
 fn best_move(
     card: &[Option<usize>],
     costs: &[LayerCost],
@@ -212,7 +213,7 @@ fn before(a: &Move, b: &Move, have: &[usize]) -> bool {
     if a.gain != b.gain {
         return a.gain > b.gain;
     }
-    let key = |m: &Move| (have[m.layer], std::cmp::Reverse(m.layer), m.to);
+    let key = |m: &Move| (have[m.layer], m.layer, m.to);
     key(a) < key(b)
 }
 
@@ -254,14 +255,14 @@ mod tests {
 
     #[test]
     fn even_routing_fills_whole_layers_from_the_back_or_spreads() {
-        // room for 2.5 layers; what is left after the whole layers goes to the layer before them
+        // room for 2.5 layers; what is left after the whole layers goes to the layer after them
         let (whole, left) = fill(6, 40, None, CopyPolicy::LAYERS);
-        assert_eq!((counts(&whole), left), (vec![0, 0, 0, 8, 16, 16], 0));
-        assert_eq!(whole[5], (0..16).collect::<Vec<_>>());
-        // spread: round robin over the layers, the later layers first: expert 0 of each, then 1
+        assert_eq!((counts(&whole), left), (vec![16, 16, 8, 0, 0, 0], 0));
+        assert_eq!(whole[0], (0..16).collect::<Vec<_>>());
+        // spread: round robin over the layers: expert 0 of each, then 1, ...
         let (spread, left) = fill(6, 40, None, CopyPolicy::SPREAD);
-        assert_eq!((counts(&spread), left), (vec![6, 6, 7, 7, 7, 7], 0));
-        assert_eq!(spread[0], (0..6).collect::<Vec<_>>());
+        assert_eq!((counts(&spread), left), (vec![7, 7, 7, 7, 6, 6], 0));
+        assert_eq!(spread[5], (0..6).collect::<Vec<_>>());
     }
 
     #[test]
@@ -318,13 +319,13 @@ mod tests {
     #[test]
     fn partly_skewed_layers_mix_hot_copies_and_whole_layers() {
         // layer 0 routes 97% of its routes to 4 experts, layers 1-3 evenly; room for 20 copies:
-        // the 4 hot experts, then one whole layer, the last
+        // the 4 hot experts, then one whole layer, the first of the others
         let mut heat = vec![vec![0u64; 16]; 4];
         heat[0] = vec![1; 16];
         heat[0][..4].copy_from_slice(&[100, 100, 100, 100]);
         let (got, _) = fill(4, 20, Some(&heat), CopyPolicy::LAYERS);
         assert_eq!(got[0], vec![0, 1, 2, 3]);
-        assert_eq!(counts(&got), vec![4, 0, 0, 16]);
+        assert_eq!(counts(&got), vec![4, 16, 0, 0]);
     }
 
     #[test]

@@ -345,23 +345,25 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
 
 fn ops(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
     let mut out = Vec::new();
-    // RMS norm, out of place and in place
-    let (rows, width) = (5, 640);
-    let (x, w) = (rng.vec(rows * width), rng.vec(width));
-    let (xd, wd, o) = (up(c, &x)?, up(c, &w)?, poisoned(c, rows * width)?);
-    c.rms_norm(xd.ptr(), wd.ptr(), o.ptr(), rows, width, 1e-6)?;
-    let reference = ref_rms_norm(&x, &w, 1e-6);
-    out.push(Outcome {
-        name: "rms_norm".into(),
-        rel_err: rel_err(&down(c, o.ptr(), rows * width)?, &reference),
-        limit: 1e-6,
-    });
-    c.rms_norm(xd.ptr(), wd.ptr(), xd.ptr(), rows, width, 1e-6)?;
-    out.push(Outcome {
-        name: "rms_norm in place".into(),
-        rel_err: rel_err(&down(c, xd.ptr(), rows * width)?, &reference),
-        limit: 1e-6,
-    });
+    // RMS norm, out of place and in place; rows held in registers (up to 16 values a thread)
+    // and wider ones
+    for (rows, width) in [(5, 640), (1, 2048), (3, 5000)] {
+        let (x, w) = (rng.vec(rows * width), rng.vec(width));
+        let (xd, wd, o) = (up(c, &x)?, up(c, &w)?, poisoned(c, rows * width)?);
+        c.rms_norm(xd.ptr(), wd.ptr(), o.ptr(), rows, width, 1e-6)?;
+        let reference = ref_rms_norm(&x, &w, 1e-6);
+        out.push(Outcome {
+            name: format!("rms_norm {rows} x {width}"),
+            rel_err: rel_err(&down(c, o.ptr(), rows * width)?, &reference),
+            limit: 1e-6,
+        });
+        c.rms_norm(xd.ptr(), wd.ptr(), xd.ptr(), rows, width, 1e-6)?;
+        out.push(Outcome {
+            name: format!("rms_norm {rows} x {width} in place"),
+            rel_err: rel_err(&down(c, xd.ptr(), rows * width)?, &reference),
+            limit: 1e-6,
+        });
+    }
     // RoPE, both layouts, partial rotation
     let (n, heads, hd) = (3, 4, 128);
     let pos = [0i32, 7, 1000];
@@ -397,13 +399,15 @@ fn ops(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
             limit: 1e-5,
         });
     }
-    out.push(route_check(c, rng)?);
+    // top-k as Qwen3-MoE routes, and more choices than a warp has lanes
+    out.push(route_check(c, rng, 128, 8)?);
+    out.push(route_check(c, rng, 160, 40)?);
     out.extend(attention_checks(c, rng)?);
     Ok(out)
 }
 
-fn route_check(c: &mut Cuda, rng: &mut Rand) -> Result<Outcome, CudaError> {
-    let (n, ne, k) = (5, 128, 8);
+fn route_check(c: &mut Cuda, rng: &mut Rand, ne: usize, k: usize) -> Result<Outcome, CudaError> {
+    let n = 5;
     let logits = rng.vec(n * ne);
     let ld = up(c, &logits)?;
     let (ids, w) = (c.gpu.alloc(4 * n * k)?, poisoned(c, n * k)?);
@@ -426,7 +430,7 @@ fn route_check(c: &mut Cuda, rng: &mut Rand) -> Result<Outcome, CudaError> {
         }
     }
     Ok(Outcome {
-        name: "route top-8 of 128".into(),
+        name: format!("route top-{k} of {ne}"),
         rel_err: if ids_match {
             rel_err(&got_w, &reference)
         } else {
