@@ -69,7 +69,9 @@ def free_port():
 
 
 def expand(args):
-    return [str(MODELS.get(a, a)) for a in args]
+    """Model names to their files, `$TEMPLATES/x.jinja` to the sdist's chat templates."""
+    templates = str(SDIST / "models" / "templates")
+    return [str(MODELS.get(a, a)).replace("$TEMPLATES", templates) for a in args]
 
 
 class Server:

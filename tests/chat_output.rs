@@ -262,14 +262,19 @@ fn deepseek_r1_and_v31() {
         return;
     };
     let r = ReasoningFormat::Deepseek;
+    // the prompt ends with "<think>\n", which upstream's server reads before the output: the
+    // newline and a repeated opening tag stay in the reasoning (recorded from upstream's server
+    // on this template with the output forced by a grammar)
     check(
         &f,
         "<think>I'm\nthinking</think>Hello, world!\nWhat's up?",
         r,
-        msg(HELLO, "I'm\nthinking", vec![]),
+        msg(HELLO, "\n<think>I'm\nthinking", vec![]),
     );
+    // a call straight after the opened block ends its thinking ("\n"); upstream's answer is not
+    // recorded (it refuses a grammar alongside tools)
     check(&f, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n```json\n{\"arg1\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-        r, msg("", "", vec![call("special_function", "{\"arg1\": 1}")]));
+        r, msg("", "\n", vec![call("special_function", "{\"arg1\": 1}")]));
     let Some(v) = format_of("deepseek-ai-DeepSeek-V3.1") else {
         return;
     };
@@ -351,4 +356,34 @@ fn glm_calls_and_forced_open_thinking() {
     );
     check(&flash, "Let me check.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
         ReasoningFormat::Deepseek, msg("", "Let me check.", vec![call("get_weather", "{\"city\":\"Paris\"}")]));
+}
+
+/// Upstream's reasoning split, recorded (`tests/data/reasoning-split.json`: outputs forced with a
+/// grammar on Qwen3, QwQ and DeepSeek-R1-Distill prompts, under each reasoning format): the
+/// whitespace after each tag goes with the tag, the reasoning keeps the rest, and a thinking
+/// block the prompt opened is read from the prompt's opening tag on.
+#[test]
+fn reasoning_split_as_upstream() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/reasoning-split.json"
+    );
+    let data: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = data["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 54);
+    for case in cases {
+        let name = case["template"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches(".jinja");
+        let Some(format) = format_of(name) else {
+            return;
+        };
+        let text = case["output"].as_str().unwrap();
+        let reasoning =
+            ReasoningFormat::from_name(case["reasoning_format"].as_str().unwrap()).unwrap();
+        let field = |k: &str| case[k].as_str().unwrap_or("").to_string();
+        let expected = msg(&field("content"), &field("reasoning_content"), vec![]);
+        check(&format, text, reasoning, expected);
+    }
 }

@@ -17,7 +17,8 @@ pub enum ReasoningFormat {
     /// Thinking goes to `reasoning_content`.
     #[default]
     Deepseek,
-    /// Thinking goes to `reasoning_content` and also stays, tagged, in `content`.
+    /// Accepted as upstream accepts it; upstream b11434's server splits it as `deepseek`
+    /// (recorded in `tests/data/reasoning-split.json`).
     DeepseekLegacy,
     /// Like `deepseek`.
     Auto,
@@ -96,6 +97,13 @@ pub struct OutputFormat {
     pub think_end: String,
     /// The prompt already opened the thinking block, so output starts inside it.
     pub thinking_forced_open: bool,
+    /// What the prompt ends with from its opening tag on (`<think>\n`) when thinking is forced
+    /// open: the parser reads the output after it, as upstream does.
+    pub opened: String,
+    /// The whitespace the template writes after the opening tag and after the closing one (Qwen3:
+    /// `\n` and `\n\n`); the parser takes it as part of the tags, one character at a time.
+    pub start_ws: String,
+    pub end_ws: String,
     pub tools: ToolSyntax,
 }
 
@@ -112,7 +120,19 @@ impl OutputFormat {
     /// The format of a template's family; `prompt` is the rendered prompt the output follows
     /// (it tells whether thinking was opened by the template).
     pub fn for_template(template: &ChatTemplate, prompt: &str) -> Self {
-        Self::from_source(template.source(), prompt)
+        let mut format = Self::from_source(template.source(), prompt);
+        if let Some((start, end)) = template.reasoning_wrapping() {
+            let after = |wrapped: &str, tag: &str| {
+                wrapped
+                    .find(tag)
+                    .map(|at| wrapped[at + tag.len()..].to_string())
+                    .filter(|ws| ws.chars().all(is_ws))
+                    .unwrap_or_default()
+            };
+            format.start_ws = after(start, &format.think_start);
+            format.end_ws = after(end, &format.think_end);
+        }
+        format
     }
 
     fn from_source(src: &str, prompt: &str) -> Self {
@@ -152,10 +172,17 @@ impl OutputFormat {
         };
         let thinking_forced_open =
             tools != ToolSyntax::Harmony && prompt.trim_end().ends_with(think_start);
+        let opened = match prompt.rfind(think_start) {
+            Some(at) if thinking_forced_open => prompt[at..].to_string(),
+            _ => String::new(),
+        };
         OutputFormat {
             think_start: think_start.to_string(),
             think_end: think_end.to_string(),
             thinking_forced_open,
+            opened,
+            start_ws: String::new(),
+            end_ws: String::new(),
             tools,
         }
     }
@@ -173,21 +200,32 @@ impl OutputFormat {
             return parse_harmony(text, reasoning, parse_tools, partial);
         }
         let mut msg = ParsedMessage::default();
-        let (thinking, rest) = self.split_reasoning(text, partial);
-        let rest = if let Some(thinking) = thinking {
+        // thinking the prompt opened is read from its opening tag on; otherwise whitespace before
+        // an opening tag is skipped (and held back while it may still precede one)
+        let opened;
+        let text = if self.thinking_forced_open {
+            opened = format!("{}{text}", self.opened);
+            opened.as_str()
+        } else {
+            let trimmed = text.trim_start_matches(is_ws);
+            if partial && trimmed.is_empty() {
+                return msg;
+            }
+            let tag = self.think_start.as_str();
+            if trimmed.starts_with(tag) || (partial && tag.starts_with(trimmed)) {
+                trimmed
+            } else {
+                text
+            }
+        };
+        let (thinking, rest) = self.split_reasoning(text, parse_tools, partial);
+        if let Some(thinking) = thinking {
             if reasoning.extracts() {
-                msg.reasoning_content = thinking.trim_matches(is_ws).to_string();
-                if reasoning == ReasoningFormat::DeepseekLegacy && !partial {
-                    msg.content = text[..text.len() - rest.len()].to_string();
-                }
-                rest.trim_start_matches(is_ws)
+                msg.reasoning_content = thinking.to_string();
             } else {
                 msg.content.push_str(&text[..text.len() - rest.len()]);
-                rest
             }
-        } else {
-            rest
-        };
+        }
         if parse_tools && self.tools != ToolSyntax::None {
             let (content, calls) = parse_tool_calls(self.tools, rest, partial);
             msg.content.push_str(content);
@@ -198,46 +236,40 @@ impl OutputFormat {
         msg
     }
 
-    /// Splits off the thinking block at the start of the output: (thinking, rest).
-    fn split_reasoning<'a>(&self, text: &'a str, partial: bool) -> (Option<&'a str>, &'a str) {
-        let body = if self.thinking_forced_open {
-            // the model may still repeat the opening tag the prompt ended with
-            let trimmed = text.trim_start_matches(is_ws);
-            if partial && !trimmed.is_empty() && self.think_start.starts_with(trimmed) {
-                return (None, "");
-            }
-            Some(
-                trimmed
-                    .strip_prefix(self.think_start.as_str())
-                    .unwrap_or(text),
-            )
+    /// Splits off the thinking block at the start of `text`: (thinking, rest). The whitespace
+    /// the template writes after each tag goes with the tag; the thinking keeps the rest.
+    fn split_reasoning<'a>(
+        &self,
+        text: &'a str,
+        parse_tools: bool,
+        partial: bool,
+    ) -> (Option<&'a str>, &'a str) {
+        let openers = if parse_tools {
+            openers(self.tools)
         } else {
-            let trimmed = text.trim_start_matches(is_ws);
-            if let Some(after) = trimmed.strip_prefix(self.think_start.as_str()) {
-                Some(after)
-            } else if partial && !trimmed.is_empty() && self.think_start.starts_with(trimmed) {
-                return (None, "");
-            } else {
-                None
-            }
+            &[]
         };
-        let Some(body) = body else {
+        let body = if let Some(after) = text.strip_prefix(self.think_start.as_str()) {
+            skip_chars(after, &self.start_ws)
+        } else if partial && !text.is_empty() && self.think_start.starts_with(text) {
+            return (None, "");
+        } else {
             return (None, text);
         };
         match body.find(self.think_end.as_str()) {
-            Some(end) => (Some(&body[..end]), &body[end + self.think_end.len()..]),
-            // thinking the model never closed ends where a tool call starts
-            None if let Some(call) = openers(self.tools)
-                .iter()
-                .filter_map(|m| body.find(m))
-                .min() =>
-            {
+            Some(end) => (
+                Some(&body[..end]),
+                skip_chars(&body[end + self.think_end.len()..], &self.end_ws),
+            ),
+            // thinking the model never closed ends where a tool call starts (when the request
+            // has tools)
+            None if let Some(call) = openers.iter().filter_map(|m| body.find(m)).min() => {
                 (Some(&body[..call]), &body[call..])
             }
             None => {
                 let shown = if partial {
                     let mut markers = vec![self.think_end.as_str()];
-                    markers.extend(openers(self.tools));
+                    markers.extend(openers);
                     hold_back(body, true, &markers)
                 } else {
                     body
@@ -246,6 +278,17 @@ impl OutputFormat {
             }
         }
     }
+}
+
+/// `text` after as many of `chars`' characters, in order, as it starts with.
+fn skip_chars<'a>(mut text: &'a str, chars: &str) -> &'a str {
+    for c in chars.chars() {
+        match text.strip_prefix(c) {
+            Some(rest) => text = rest,
+            None => break,
+        }
+    }
+    text
 }
 
 fn is_ws(c: char) -> bool {

@@ -89,6 +89,13 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// How the template wraps an assistant message's reasoning: the opening tag with the
+    /// whitespace after it, and the closing tag with the whitespace around it (Qwen3:
+    /// `<think>\n`, `\n</think>\n\n`); `None` when it shows no reasoning.
+    pub fn reasoning_wrapping(&self) -> Option<&(String, String)> {
+        self.reasoning_wrapping.as_ref()
+    }
+
     pub fn caps(&self) -> Caps {
         self.caps
     }

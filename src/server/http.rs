@@ -598,6 +598,13 @@ fn chat_to_completion(
             "Cannot set both add_generation_prompt and continue_final_message to true.",
         ));
     }
+    let calls_tools = tools.as_array().is_some_and(|t| !t.is_empty())
+        && body.get("tool_choice").and_then(Value::as_str) != Some("none");
+    if calls_tools && body.get("grammar").is_some() {
+        return Err(TaskError::invalid(
+            "Cannot use custom grammar constraints with tools.",
+        ));
+    }
     // the server's defaults, then the request's own entries over them
     let mut kwargs = server.chat_template_kwargs.clone();
     if let Some(Value::Object(own)) = body.get("chat_template_kwargs") {
