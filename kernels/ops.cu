@@ -1,11 +1,10 @@
 // Element-wise and row-wise operations of the forward pass, all on f32 activations.
 
-// One block per row: out = x * rsqrt(mean(x^2) + eps) * w (in place when out == x).
-// Rows of `width` values, a block per row. A row of up to NORM_REGS values per thread is held in
-// registers with its weights, all loaded at once, so the row's loads and the weights' overlap
-// instead of each waiting for the one before (decode normalizes single rows, where those waits
-// were the kernel's time); wider rows loop. Either way each thread sums the same values in the
-// same order.
+// One block per row: out = x * rsqrt(mean(x^2) + eps) * w (in place when out == x). A row of up
+// to NORM_REGS values per thread is held in registers with its weights, all loaded at once, so
+// the row's loads and the weights' overlap instead of each waiting for the one before (decode
+// normalizes single rows, where those waits were the kernel's time); wider rows loop. Either way
+// each thread sums the same values in the same order.
 #define NORM_REGS 16
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int width,
                                     float eps) {

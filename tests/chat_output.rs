@@ -345,7 +345,7 @@ fn glm_calls_and_forced_open_thinking() {
         return;
     };
     assert!(
-        flash.thinking_forced_open,
+        flash.thinking_forced_open(),
         "GLM 4.7 prompts end inside <think>"
     );
     check(

@@ -95,10 +95,9 @@ pub enum ToolSyntax {
 pub struct OutputFormat {
     pub think_start: String,
     pub think_end: String,
-    /// The prompt already opened the thinking block, so output starts inside it.
-    pub thinking_forced_open: bool,
-    /// What the prompt ends with from its opening tag on (`<think>\n`) when thinking is forced
-    /// open: the parser reads the output after it, as upstream does.
+    /// When the prompt already opened the thinking block (so output starts inside it), what
+    /// the prompt ends with from its opening tag on (`<think>\n`): the parser reads the output
+    /// after it, as upstream does. Empty otherwise.
     pub opened: String,
     /// The whitespace the template writes after the opening tag and after the closing one (Qwen3:
     /// `\n` and `\n\n`); the parser takes it as part of the tags, one character at a time.
@@ -170,21 +169,24 @@ impl OutputFormat {
         } else {
             ToolSyntax::None
         };
-        let thinking_forced_open =
-            tools != ToolSyntax::Harmony && prompt.trim_end().ends_with(think_start);
+        let forced_open = tools != ToolSyntax::Harmony && prompt.trim_end().ends_with(think_start);
         let opened = match prompt.rfind(think_start) {
-            Some(at) if thinking_forced_open => prompt[at..].to_string(),
+            Some(at) if forced_open => prompt[at..].to_string(),
             _ => String::new(),
         };
         OutputFormat {
             think_start: think_start.to_string(),
             think_end: think_end.to_string(),
-            thinking_forced_open,
             opened,
             start_ws: String::new(),
             end_ws: String::new(),
             tools,
         }
+    }
+
+    /// Whether the prompt already opened the thinking block, so output starts inside it.
+    pub fn thinking_forced_open(&self) -> bool {
+        !self.opened.is_empty()
     }
 
     /// Parses the whole output (`partial`: more is coming, so hold back what may still
@@ -202,10 +204,10 @@ impl OutputFormat {
         let mut msg = ParsedMessage::default();
         // thinking the prompt opened is read from its opening tag on; otherwise whitespace before
         // an opening tag is skipped (and held back while it may still precede one)
-        let opened;
-        let text = if self.thinking_forced_open {
-            opened = format!("{}{text}", self.opened);
-            opened.as_str()
+        let joined;
+        let text = if self.thinking_forced_open() {
+            joined = format!("{}{text}", self.opened);
+            joined.as_str()
         } else {
             let trimmed = text.trim_start_matches(is_ws);
             if partial && trimmed.is_empty() {

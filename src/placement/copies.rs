@@ -45,7 +45,8 @@ impl Default for CopyPolicy {
 struct LayerCost {
     /// Experts, the most routed first.
     ranked: Vec<u32>,
-    /// `share[i]`: the share of routes `ranked[i]` takes.
+    /// `share[i]`: the share of routes `ranked[i]` takes (kept beside `covered` rather than
+    /// differenced from it, so experts of equal share give exactly equal gains and tie).
     share: Vec<f64>,
     /// `covered[s]`: the share of routes the first `s` ranked experts take.
     covered: Vec<f64>,

@@ -368,8 +368,8 @@ impl<'a> Planner<'a> {
     }
 
     /// Copies experts to the card `card_of(layer)` names while it has room, weighing what each
-    /// copy saves decode (`copies`): under even routing whole layers, the last layers first; with
-    /// routing counts that concentrate on few experts, those experts of every layer.
+    /// copy saves decode (`copies`): under even routing whole layers, the first layers first;
+    /// with routing counts that concentrate on few experts, those experts of every layer.
     fn copy_experts(&self, layout: &mut Layout, card_of: &dyn Fn(u32) -> Option<usize>) {
         let inv = self.req.inventory;
         for il in 0..self.n_layer() {
@@ -385,22 +385,17 @@ impl<'a> Planner<'a> {
             .iter()
             .map(|p| p.limit().saturating_sub(p.used()))
             .collect();
-        // layers with a card to copy to and expert tensors that are not on a card already
-        let mut wanted = vec![false; self.n_layer() as usize];
+        // the card of each layer with expert tensors that are not on a card already
+        let mut card: Vec<Option<usize>> = vec![None; self.n_layer() as usize];
         for (t, at) in inv.tensors.iter().zip(&placed.tensors) {
             if let (true, Some(il), false) = (t.expert, t.layer, matches!(at, Location::Card(_))) {
-                if let (Some(w), Some(set)) =
-                    (wanted.get_mut(il as usize), layout.experts.get(il as usize))
+                if let (Some(c), Some(set)) =
+                    (card.get_mut(il as usize), layout.experts.get(il as usize))
                 {
-                    *w = set.card.is_some();
+                    *c = set.card;
                 }
             }
         }
-        let card: Vec<Option<usize>> = wanted
-            .iter()
-            .zip(&layout.experts)
-            .map(|(&w, set)| set.card.filter(|_| w))
-            .collect();
         let chosen = copies::choose(
             &card,
             inv.n_expert,
@@ -410,8 +405,8 @@ impl<'a> Planner<'a> {
             &mut room,
             self.req.copies,
         );
-        for (set, experts) in layout.experts.iter_mut().zip(chosen) {
-            if set.card.is_some() {
+        for ((set, experts), c) in layout.experts.iter_mut().zip(chosen).zip(&card) {
+            if c.is_some() {
                 set.on_card = experts;
             }
         }

@@ -10,8 +10,9 @@
 //! user left unset: first the context, then the layers on the cards. bloomery's own: with no
 //! placement options a model that does not fit keeps its dense weights on the cards and moves
 //! experts to the host, then copies as many experts back as the cards hold (whole layers under
-//! even routing, the hot experts of every layer when routing counts concentrate); `--place bp` puts attention on the larger of two cards and
-//! experts on the other; `--place 0+1` picks cards; `BLOOMERY_CARD_BUDGET` caps a card.
+//! even routing, the hot experts of every layer when routing counts concentrate); `--place bp`
+//! puts attention on the larger of two cards and experts on the other; `--place 0+1` picks
+//! cards; `BLOOMERY_CARD_BUDGET` caps a card.
 //! A card running layers whose experts live on the host or disk also holds the ring those
 //! experts stream through for long prompts (`Pool::stream`), and every fit decision weighs it.
 

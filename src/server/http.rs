@@ -841,35 +841,39 @@ async fn chat_completions(state: Shared, req: HttpRequest, body: Bytes) -> HttpR
 /// Fill-in-the-middle (`server::infill`): the prompt is built around the model's FIM tokens,
 /// then served as a `/completion` over those tokens.
 async fn infill(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
-    let prepared = (|| {
-        let r = ready(&state)?;
-        infill::check_model(r.codec.as_ref())?;
-        let mut data = parse_body(&body)?;
-        // upstream writes `input_extra` into the body by key: null becomes an object, anything
-        // else that is no object fails there
-        if data.is_null() {
-            data = json!({});
-        }
-        if !data.is_object() {
-            return Err(TaskError::invalid(format!(
-                "[json.exception.type_error.305] cannot use operator[] with a string argument with {}",
-                json_type_name(&data)
-            )));
-        }
-        let layout = infill::Layout {
-            n_batch: state.params.n_batch as i64,
-            n_predict: state.params.defaults.n_predict as i64,
-            n_ctx: r.scheduler.n_ctx_slot as i64,
-            spm: state.params.spm_infill,
-        };
-        let tokens = infill::prompt_tokens(r.codec.as_ref(), &data, layout)?;
-        data["prompt"] = json!(tokens);
-        Ok(Bytes::from(data.to_string()))
-    })();
-    match prepared {
-        Ok(body) => respond(handle_completion(&state, &req, body, ResponseKind::Native).await),
-        Err(e) => respond(Err(e)),
+    let result = async {
+        let data = infill_body(&state, &body)?;
+        complete(&state, &req, data, ResponseKind::Native).await
+    };
+    respond(result.await)
+}
+
+/// An `/infill` body as the `/completion` body it becomes: its `prompt` the infill's tokens.
+fn infill_body(state: &AppState, body: &Bytes) -> Result<Value, TaskError> {
+    let r = ready(state)?;
+    // the model's FIM tokens are checked first, as upstream does, before the body is read
+    infill::fim_tokens(r.codec.as_ref())?;
+    let mut data = parse_body(body)?;
+    // upstream writes `input_extra` into the body by key: null becomes an object, anything
+    // else that is no object fails there
+    if data.is_null() {
+        data = json!({});
     }
+    if !data.is_object() {
+        return Err(TaskError::invalid(format!(
+            "[json.exception.type_error.305] cannot use operator[] with a string argument with {}",
+            json_type_name(&data)
+        )));
+    }
+    let layout = infill::Layout {
+        n_batch: state.params.n_batch as i64,
+        n_predict: state.params.defaults.n_predict as i64,
+        n_ctx: r.scheduler.n_ctx_slot as i64,
+        spm: state.params.spm_infill,
+    };
+    let tokens = infill::prompt_tokens(r.codec.as_ref(), &data, layout)?;
+    data["prompt"] = json!(tokens);
+    Ok(data)
 }
 
 /// Embeddings and reranking are not built: upstream's answer when they are not enabled.
@@ -989,8 +993,18 @@ async fn handle_completion(
     body: Bytes,
     kind: ResponseKind,
 ) -> Result<HttpResponse, TaskError> {
+    ready(state)?;
+    complete(state, req, parse_body(&body)?, kind).await
+}
+
+/// A completion-shaped request, already parsed, answered in the shape `kind` names.
+async fn complete(
+    state: &AppState,
+    req: &HttpRequest,
+    body: Value,
+    kind: ResponseKind,
+) -> Result<HttpResponse, TaskError> {
     let r = ready(state)?;
-    let body = parse_body(&body)?;
     // A chat request asking for a JSON response (checked on the request as sent: the body
     // passed on carries the grammar built for it).
     let json_reply = r.chat.jinja()

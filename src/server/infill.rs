@@ -25,26 +25,24 @@ pub struct Layout {
     pub spm: bool,
 }
 
-/// The model's FIM tokens, or upstream's refusal naming the missing ones.
-pub fn check_model(codec: &dyn TextCodec) -> Result<(), TaskError> {
+/// The model's FIM prefix, suffix and middle tokens, or upstream's refusal naming the missing
+/// ones.
+pub fn fim_tokens(codec: &dyn TextCodec) -> Result<[u32; 3], TaskError> {
     let ids = codec.special_ids();
-    let mut missing = String::new();
-    for (id, what) in [
-        (ids.fim_pre, "prefix"),
-        (ids.fim_suf, "suffix"),
-        (ids.fim_mid, "middle"),
-    ] {
-        if id.is_none() {
-            missing.push_str(&format!("{what} token is missing. "));
+    match (ids.fim_pre, ids.fim_suf, ids.fim_mid) {
+        (Some(pre), Some(suf), Some(mid)) => Ok([pre, suf, mid]),
+        (pre, suf, mid) => {
+            let mut missing = String::new();
+            for (id, what) in [(pre, "prefix"), (suf, "suffix"), (mid, "middle")] {
+                if id.is_none() {
+                    missing.push_str(&format!("{what} token is missing. "));
+                }
+            }
+            Err(TaskError::new(
+                ErrorKind::NotSupported,
+                format!("Infill is not supported by this model: {missing}"),
+            ))
         }
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(TaskError::new(
-            ErrorKind::NotSupported,
-            format!("Infill is not supported by this model: {missing}"),
-        ))
     }
 }
 
@@ -103,13 +101,8 @@ pub fn prompt_tokens(
         .map_or(&[][..], Vec::as_slice);
     let mut prefix = tokenize_mixed(codec, prefix, false, false)?;
     let mut suffix = tokenize_mixed(codec, suffix, false, false)?;
+    let [pre, suf, mid] = fim_tokens(codec)?;
     let ids = codec.special_ids();
-    let (Some(pre), Some(suf), Some(mid)) = (ids.fim_pre, ids.fim_suf, ids.fim_mid) else {
-        return Err(TaskError::new(
-            ErrorKind::NotSupported,
-            "Infill is not supported by this model",
-        ));
-    };
     let plain = |text: &str| codec.tokenize(text, false, false);
 
     let mut extra_tokens = Vec::new();
@@ -139,10 +132,9 @@ pub fn prompt_tokens(
 
     // the FIM part fits a batch: prefix to suffix 3:1
     let quarter = layout.n_batch / 4;
-    let take_prefix = (prefix.len() as i64).min(3 * quarter).max(0) as usize;
-    let take_suffix = (suffix.len() as i64)
-        .min((quarter - (2 + prompt.len() as i64)).max(0))
-        .max(0) as usize;
+    let take_prefix = (prefix.len() as i64).min(3 * quarter.max(0)) as usize;
+    let take_suffix =
+        (suffix.len() as i64).min((quarter - (2 + prompt.len() as i64)).max(0)) as usize;
     let take_extra = (layout.n_ctx - layout.n_batch - 2 * layout.n_predict)
         .max(0)
         .min(extra_tokens.len() as i64) as usize;
@@ -370,7 +362,7 @@ mod tests {
             prompt_tokens(&codec, &body, WIDE).unwrap(),
             fim_part("a", "b")
         );
-        let no_fim = check_model(&ByteCodec).unwrap_err().message;
+        let no_fim = fim_tokens(&ByteCodec).unwrap_err().message;
         assert_eq!(
             no_fim,
             "Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing. "
