@@ -8,7 +8,8 @@ upstream: llama-eval-callback built with the dump patch (docs/NUMERICS.md), file
 Prints, for each name present in both, the largest absolute difference and the RMS of the
 difference relative to the RMS of upstream's values. Where the row counts differ (upstream keeps
 only the output rows after the last layer's attention), the last rows are compared.
-Usage: diff-dumps.py OURS_DIR UPSTREAM_DIR [--first N]
+Usage: diff-dumps.py OURS_DIR UPSTREAM_DIR [--first]
+(--first: where a name occurs more than once, compare its first occurrence, not its last)
 """
 import re
 import sys
@@ -42,9 +43,7 @@ def main():
             continue
         a = np.fromfile(p, dtype=np.float32)
         b = np.fromfile(theirs[name][2], dtype=np.float32)
-        w = dims[0]
-        ta, tb = a.size // w, b.size // (theirs[name][1][0] or 1)
-        if theirs[name][1][0] != w and a.size % b.size and b.size % a.size:
+        if theirs[name][1][0] != dims[0] and a.size % b.size and b.size % a.size:
             rows.append((seq, name, f"shapes differ: {dims} vs {theirs[name][1]}"))
             continue
         n = min(a.size, b.size)
