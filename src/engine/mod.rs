@@ -11,6 +11,7 @@ use crate::model::{GgmlType, GgufFile};
 
 mod arch;
 mod attention;
+mod dump;
 mod gpu;
 mod kv;
 mod model;
