@@ -9,10 +9,10 @@ use std::sync::OnceLock;
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::attention::{attend, AttnMode, AttnShape};
 use super::dump;
-use super::kv::KvCache;
+use super::kv::{KvCache, SeqCells};
 use super::tier::heat::Heat;
 use super::weights::{Loader, Tensor};
-use super::{Batch, EngineError, EngineParams, Forward, SeqId};
+use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
 use crate::backend::cpu::matmul::{matmul, matmul_prepared, Activations};
 use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::quant::QK8_0;
@@ -358,6 +358,22 @@ impl Model {
             add_bias(&mut b.o, layer.bo.as_deref());
             dump::put("attn_wo", Some(il), &b.o, n_embd);
             if il + 1 == n_layer && wanted.len() < n {
+                if let (Some(heat), Ffn::Moe { router, .. }) = (self.routes.as_mut(), &layer.ffn) {
+                    // counting routes: the rows that stop here are routed all the same, apart
+                    // (so the rows that go on are computed as without counting)
+                    let stop: Vec<usize> = (0..n).filter(|i| !wanted.contains(i)).collect();
+                    let (mut o, mut x) = (b.o.clone(), b.x.clone());
+                    keep_rows(&mut o, &stop, n_embd);
+                    keep_rows(&mut x, &stop, n_embd);
+                    if let Some(w) = &layer.post_attn_norm {
+                        rms_norm_in_place(&mut o, w, hp.eps, n_embd);
+                    }
+                    x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+                    rms_norm_rows(&x, &layer.ffn_norm, hp.eps, n_embd, &mut o);
+                    let (cur, n_stop) = (o, stop.len());
+                    let routes = super::moe::routes_of(pool, hp, router, &cur, n_stop, &mut b.act);
+                    super::moe::record(heat, il as u32, &routes);
+                }
                 // as ggml: past the last attention only the rows whose logits are wanted go on
                 // (which also decides the float order of the products that follow)
                 keep_rows(&mut b.o, &wanted, n_embd);
@@ -470,6 +486,14 @@ impl Forward for Model {
         self.kv.n_ctx_seq()
     }
 
+    fn n_swa(&self) -> usize {
+        if self.hp.swa_layers.iter().any(|&s| s) {
+            self.hp.n_swa as usize
+        } else {
+            0
+        }
+    }
+
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.check(batch)?;
         let mut start = 0;
@@ -487,6 +511,20 @@ impl Forward for Model {
 
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
         self.kv.seq_cp(src, dst, n);
+    }
+
+    fn seq_save(&self, seq: SeqId) -> Option<SeqState> {
+        let cells = self.kv.seq(seq)?.clone();
+        let bytes =
+            cells.k.iter().chain(&cells.v).map(Vec::len).sum::<usize>() + 4 * cells.pos.len();
+        Some(SeqState::new(cells, bytes))
+    }
+
+    fn seq_load(&mut self, seq: SeqId, state: &SeqState) -> bool {
+        match state.get::<SeqCells>() {
+            Some(cells) => self.kv.put(seq, cells.clone()),
+            None => false,
+        }
     }
 
     fn count_routes(&mut self) -> bool {
