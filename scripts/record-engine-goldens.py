@@ -17,6 +17,8 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "compat"))
+from run import this_machine  # noqa: E402
 CACHE = os.environ.get("BLOOMERY_CACHE", os.path.expanduser("~/.cache/bloomery"))
 MODEL = os.path.join(CACHE, "models", "gemma-3-270m-q4_k_m.gguf")
 OUT = os.path.join(ROOT, "compat", "golden", "b11434", "engine", "gemma3-270m.json")
@@ -110,6 +112,8 @@ def main():
         proc.wait(timeout=30)
     golden = {
         "upstream": "llama-server b11434 (CPU build from scripts/upstream.sh)",
+        # ggml's float steps follow the CPU's features; the engine test checks it runs on the same
+        "machine": this_machine(),
         "model": os.path.basename(MODEL),
         "server_args": SERVER_ARGS,
         "n_predict": N_PREDICT,

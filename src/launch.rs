@@ -25,7 +25,7 @@ use crate::placement::{
     self, ContextRequest, CopyPolicy, Inventory, Location, Plan, PlanError, PlanRequest,
 };
 use crate::server::{
-    ChatRenderer, ModelInfo, Reply, ReplyStream, Server, ServerParams, TaskParams,
+    CacheOptions, ChatRenderer, ModelInfo, Reply, ReplyStream, Server, ServerParams, TaskParams,
 };
 use crate::service;
 use crate::tokenizer::{Vocab, VocabType};
@@ -363,6 +363,14 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
         n_ctx_slot: shape.n_ctx_slot,
         n_batch: cfg.context.batch.max(1) as usize,
         n_ubatch: cfg.context.ubatch.max(1) as usize,
+        cache: CacheOptions {
+            kv_unified: slots(cfg).unified,
+            ctx_checkpoints: cfg.slots.ctx_checkpoints,
+            checkpoint_min_step: cfg.slots.checkpoint_min_step,
+            swa_full: cfg.context.swa_full,
+            cache_ram_mib: cfg.slots.cache_ram_mib,
+            cache_idle_slots: cfg.slots.cache_idle_slots,
+        },
         spm_infill: cfg.context.spm_infill,
         api_keys: s.api_keys.clone(),
         timeout_s: s.timeout.max(1) as u64,
@@ -532,8 +540,15 @@ fn resolve_model(cfg: &Config) -> Result<ModelFiles, LaunchError> {
     })
 }
 
-/// Chat templates over the server's renderer interface.
-struct Templates(ChatTemplates);
+/// Chat templates over the server's renderer interface, with their message delimiters found
+/// at the first chat request.
+struct Templates(ChatTemplates, std::sync::OnceLock<Vec<(String, String)>>);
+
+impl Templates {
+    fn new(templates: ChatTemplates) -> Self {
+        Templates(templates, std::sync::OnceLock::new())
+    }
+}
 
 impl ChatRenderer for Templates {
     fn render(
@@ -564,6 +579,24 @@ impl ChatRenderer for Templates {
 
     fn source(&self) -> String {
         self.0.pick(None).source().to_string()
+    }
+
+    fn message_delimiters(&self) -> Vec<(String, String)> {
+        if !self.jinja() {
+            return Vec::new();
+        }
+        self.1
+            .get_or_init(|| {
+                let kwargs = json!({"enable_thinking": true});
+                let render = |messages: &Value| {
+                    let list = messages.as_array()?;
+                    self.render(list, &Value::Null, false, &kwargs).ok()
+                };
+                let tags = self.thinking_tags();
+                let tags = tags.as_ref().map(|(a, b)| (a.as_str(), b.as_str()));
+                crate::chat::markers::template_delimiters(&self.source(), render, tags)
+            })
+            .clone()
     }
 
     fn jinja(&self) -> bool {
@@ -713,7 +746,7 @@ fn chat_templates(cfg: &Config, gguf: &GgufFile, vocab: &Vocab) -> Result<Templa
     }
     let templates = ChatTemplates::from_metadata(|k| gguf.get_str(k), over, tokens)
         .map_err(|e| LaunchError::Chat(e.to_string()))?;
-    Ok(Templates(if cfg.chat.jinja {
+    Ok(Templates::new(if cfg.chat.jinja {
         templates
     } else {
         templates.without_jinja()
@@ -916,7 +949,7 @@ mod tests {
                 model_default: None,
                 model_tool_use: None,
             };
-            Templates(ChatTemplates::load(choice, SpecialTokens::default()).unwrap())
+            Templates::new(ChatTemplates::load(choice, SpecialTokens::default()).unwrap())
         };
         let t = load(&source);
         let text = "<think>\nadd them\n</think>\n\nIt is 4.";

@@ -7,7 +7,9 @@ use bloomery::sampling::SamplingParams;
 use bloomery::server::scheduler::{self, SlotAction, SlotActionResult};
 use bloomery::server::task::{ErrorKind, Event, FinalResult, StopType};
 use bloomery::server::testing::{mock_greedy, ByteCodec, MockEngine};
-use bloomery::server::{SchedulerConfig, SchedulerHandle, TaskParams, TaskRequest, TextCodec};
+use bloomery::server::{
+    CacheOptions, SchedulerConfig, SchedulerHandle, TaskParams, TaskRequest, TextCodec,
+};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 fn greedy(n_predict: i32) -> TaskParams {
@@ -377,5 +379,63 @@ fn requested_slots_wrap_and_negative_ids_take_any_slot() {
         if let Some(w) = want {
             assert_eq!(r.id_slot, w, "id_slot {id_slot}");
         }
+    }
+}
+
+/// `--cache-ram`: a prompt the slot gave up for another comes back from the host prompt cache
+/// (as upstream's does), so a third request repeating the first resumes from all of it; without
+/// the cache only the shared BOS is reused. Either way the text is the same.
+#[test]
+fn the_host_prompt_cache_brings_back_an_earlier_prompt() {
+    let first = "the quick brown fox jumps over";
+    let run = |cache_ram_mib| {
+        let config = SchedulerConfig {
+            cache: CacheOptions {
+                cache_ram_mib,
+                ..CacheOptions::default()
+            },
+            ..SchedulerConfig::default()
+        };
+        let h = start(MockEngine::new(512), config);
+        let mut cached = Vec::new();
+        for prompt in [first, "zzzz yyyy xxxx", first] {
+            let (_, r) = finish(submit(&h, prompt, greedy(4)));
+            let r = r.expect("final");
+            assert_eq!(r.content, reference(prompt, 4));
+            cached.push(r.n_prompt_cached);
+        }
+        cached
+    };
+    // the third prompt equals the first: all but its last token come back (one is evaluated
+    // for logits)
+    assert_eq!(run(8192), [0, 1, first.len()]);
+    assert_eq!(run(0), [0, 1, 1]);
+}
+
+/// `--cache-idle-slots` with one unified KV pool: an idle slot's prompt moves to the host prompt
+/// cache when another task starts, and comes back from there; with an engine that cannot save
+/// it, it stays in the slot instead of being lost.
+#[test]
+fn idle_slots_move_to_the_prompt_cache_only_when_it_can_hold_them() {
+    let first = "one two three four five six";
+    for saves in [true, false] {
+        let mut engine = MockEngine::new(512);
+        engine.saves = saves;
+        let config = SchedulerConfig {
+            n_slots: 2,
+            cache: CacheOptions {
+                kv_unified: true,
+                ..CacheOptions::default()
+            },
+            ..SchedulerConfig::default()
+        };
+        let h = start(engine, config);
+        let (_, a) = finish(submit(&h, first, greedy(4)));
+        let (_, b) = finish(submit(&h, "seven eight nine", greedy(4)));
+        assert_ne!(a.expect("final").id_slot, b.expect("final").id_slot);
+        let (_, again) = finish(submit(&h, first, greedy(4)));
+        let again = again.expect("final");
+        assert_eq!(again.content, reference(first, 4));
+        assert_eq!(again.n_prompt_cached, first.len(), "saves = {saves}");
     }
 }

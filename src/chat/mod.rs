@@ -10,6 +10,7 @@ mod caps;
 mod clock;
 mod jinja;
 pub mod legacy;
+pub mod markers;
 mod output;
 mod plus;
 mod template;

@@ -432,7 +432,6 @@ const EMBEDDINGS: &str = "embeddings and reranking";
 const LORA: &str = "LoRA adapters";
 const CONTROL_VECTORS: &str = "control vectors";
 const ROPE: &str = "RoPE and YaRN overrides (the model's own values are used)";
-const PROMPT_CACHE: &str = "the host prompt cache and context checkpoints";
 const STATIC_FILES: &str = "static files and the web UI";
 
 static COMMON: &[Opt] = &[
@@ -1389,8 +1388,7 @@ static SERVER: &[Opt] = &[
         p.config.slots.ctx_checkpoints = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CTX_CHECKPOINTS")
-    .pending(PROMPT_CACHE),
+    .env("LLAMA_ARG_CTX_CHECKPOINTS"),
     int(&["-cms", "--checkpoint-min-step"], "N", "least distance between context checkpoints, tokens, 0 = any (default: 8192)", |p, v| {
         if v < 0 {
             return Err("checkpoint-min-step must be non-negative".into());
@@ -1398,14 +1396,12 @@ static SERVER: &[Opt] = &[
         p.config.slots.checkpoint_min_step = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT")
-    .pending(PROMPT_CACHE),
+    .env("LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
     int(&["-cram", "--cache-ram"], "N", "prompt cache size limit, MiB; -1 = none, 0 = no cache (default: 8192)", |p, v| {
         p.config.slots.cache_ram_mib = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CACHE_RAM")
-    .pending(PROMPT_CACHE),
+    .env("LLAMA_ARG_CACHE_RAM"),
     toggle(&["-kvu", "--kv-unified"], &["-no-kvu", "--no-kv-unified"], "one KV buffer shared by all slots (default: on when the slot count is auto)", |p, v| {
         p.config.context.kv_unified = Some(v);
         Ok(())
@@ -1415,8 +1411,7 @@ static SERVER: &[Opt] = &[
         p.config.slots.cache_idle_slots = v;
         Ok(())
     })
-    .env("LLAMA_ARG_CACHE_IDLE_SLOTS")
-    .pending(PROMPT_CACHE),
+    .env("LLAMA_ARG_CACHE_IDLE_SLOTS"),
     toggle(&["--context-shift"], &["--no-context-shift"], "shift the context when an endless generation fills it (default: disabled)", |p, v| {
         p.config.slots.context_shift = v;
         Ok(())

@@ -206,7 +206,8 @@ fn one_head(
             };
             sc.acc32.iter_mut().zip(v).for_each(|(a, v)| *a += v * vs);
         }
-        sum = sum * ms + vs;
+        // fused, as ggml's compiler builds `S = S*ms + vs`
+        sum = sum.mul_add(ms, vs);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     if half_v {

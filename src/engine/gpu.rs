@@ -1711,6 +1711,14 @@ impl Forward for GpuModel {
         self.n_ctx_seq
     }
 
+    fn n_swa(&self) -> usize {
+        if self.hp.swa_layers.iter().any(|&s| s) {
+            self.hp.n_swa as usize
+        } else {
+            0
+        }
+    }
+
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.check(batch)?;
         self.cuda

@@ -127,6 +127,29 @@ impl KvCache {
             .map_or(0, |c| c.pos.iter().filter(|&&p| p >= p0 && p < p1).count())
     }
 
+    /// Replaces `s`'s cells with saved ones (of this cache's layout); false when they do not fit.
+    pub fn put(&mut self, s: SeqId, cells: SeqCells) -> bool {
+        let fits = cells.pos.len() <= self.n_ctx_seq
+            && cells.k.len() == self.n_layer
+            && cells.v.len() == self.n_layer
+            && cells
+                .k
+                .iter()
+                .all(|k| k.len() == cells.pos.len() * self.k_row)
+            && cells
+                .v
+                .iter()
+                .all(|v| v.len() == cells.pos.len() * self.v_row);
+        if !fits {
+            return false;
+        }
+        self.seqs.remove(&s);
+        if !cells.pos.is_empty() {
+            self.seqs.insert(s, cells);
+        }
+        true
+    }
+
     pub fn seq_rm(&mut self, s: SeqId, p0: u32, p1: Option<u32>) {
         let Some(cells) = self.seqs.get_mut(&s) else {
             return;

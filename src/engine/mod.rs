@@ -11,6 +11,7 @@ use crate::model::{GgmlType, GgufFile};
 
 mod arch;
 mod attention;
+mod dump;
 mod gpu;
 mod kv;
 mod model;
@@ -115,12 +116,37 @@ impl fmt::Display for EngineError {
 
 impl std::error::Error for EngineError {}
 
+/// A sequence's cached positions saved apart from the engine, for the host prompt cache.
+pub struct SeqState {
+    /// Bytes it holds.
+    pub bytes: usize,
+    data: Box<dyn std::any::Any + Send>,
+}
+
+impl SeqState {
+    pub fn new<T: std::any::Any + Send>(data: T, bytes: usize) -> Self {
+        SeqState {
+            bytes,
+            data: Box::new(data),
+        }
+    }
+
+    /// The saved data, when it is of the engine's type.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.data.downcast_ref()
+    }
+}
+
 /// What the server needs from a loaded model.
 pub trait Forward: Send {
     /// Vocabulary size: the length of each logits row.
     fn n_vocab(&self) -> usize;
     /// Context length per sequence this engine was loaded with.
     fn n_ctx_seq(&self) -> usize;
+    /// The model's sliding attention window in tokens; 0 when no layer has one.
+    fn n_swa(&self) -> usize {
+        0
+    }
     /// Runs one step; appends one logits row (`n_vocab` floats) to `out` per entry whose
     /// `logits` flag is set, in batch order.
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError>;
@@ -128,6 +154,15 @@ pub trait Forward: Send {
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>);
     /// Copies the cached positions `[0, n)` of `src` into `dst` (prompt-cache reuse).
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32);
+    /// Saves `seq`'s cached positions for the host prompt cache; `None` when the sequence is
+    /// empty or this engine cannot (the default).
+    fn seq_save(&self, _seq: SeqId) -> Option<SeqState> {
+        None
+    }
+    /// Replaces `seq`'s cached positions with saved ones; false when this engine cannot.
+    fn seq_load(&mut self, _seq: SeqId, _state: &SeqState) -> bool {
+        false
+    }
     /// Starts counting (from zero) the tokens each MoE layer routes to each of its experts, for
     /// [`route_counts`](Forward::route_counts); off until called, costing nothing then. False
     /// when this engine does not count: only the CPU engine does, since the CUDA engine routes

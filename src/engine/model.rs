@@ -8,10 +8,11 @@ use std::sync::OnceLock;
 
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::attention::{attend, AttnMode, AttnShape};
-use super::kv::KvCache;
+use super::dump;
+use super::kv::{KvCache, SeqCells};
 use super::tier::heat::Heat;
 use super::weights::{Loader, Tensor};
-use super::{Batch, EngineError, EngineParams, Forward, SeqId};
+use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
 use crate::backend::cpu::matmul::{matmul, matmul_prepared, Activations};
 use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::quant::QK8_0;
@@ -280,6 +281,7 @@ impl Model {
                 row.iter_mut().for_each(|v| *v *= embd_scale);
             }
         }
+        dump::put("inp_scaled", None, &b.x, n_embd);
         let mode = if n >= 64
             && self.kv.type_k == self.kv.type_v
             && matches!(self.kv.type_k, GgmlType::F16 | GgmlType::F32)
@@ -289,8 +291,13 @@ impl Model {
             AttnMode::HalfAccum
         };
         let q_scale = 1.0 / (hk as f32).sqrt();
+        let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
+        // rows still computed: all of them until the last layer's attention is done
+        let mut rows = n;
+        let n_layer = self.w.layers.len();
         for (il, layer) in self.w.layers.iter().enumerate() {
             rms_norm_rows(&b.x, &layer.attn_norm, hp.eps, n_embd, &mut b.cur);
+            dump::put("attn_norm", Some(il), &b.cur, n_embd);
             b.q.resize(n * nq, 0.0);
             b.k.resize(n * nkv, 0.0);
             b.v.resize(n * nv, 0.0);
@@ -306,14 +313,19 @@ impl Model {
             if let Some(w) = &layer.k_norm {
                 rms_norm_in_place(&mut b.k, w, hp.eps, hk);
             }
+            dump::put("Qcur_normed", Some(il), &b.q, hk);
+            dump::put("Kcur_normed", Some(il), &b.k, hk);
             let kind = self.spec.rope;
-            let rows = b.q.chunks_exact_mut(nq).zip(b.k.chunks_exact_mut(nkv));
-            for ((qr, kr), &p) in rows.zip(pos) {
+            let qk_rows = b.q.chunks_exact_mut(nq).zip(b.k.chunks_exact_mut(nkv));
+            for ((qr, kr), &p) in qk_rows.zip(pos) {
                 let cache = rope_cache(p, hp.n_rot, layer.rope_base, layer.rope_scale);
                 for h in qr.chunks_exact_mut(hk).chain(kr.chunks_exact_mut(hk)) {
                     rope(h, &cache, kind);
                 }
             }
+            dump::put("Qcur", Some(il), &b.q, hk);
+            dump::put("Kcur", Some(il), &b.k, hk);
+            dump::put("Vcur", Some(il), &b.v, hv);
             let kq_scale = if self.spec.scale_q {
                 b.q.iter_mut().for_each(|v| *v *= q_scale);
                 1.0
@@ -340,30 +352,68 @@ impl Model {
                 mode,
             };
             attend(pool, &self.kv, il, &shape, seqs, pos, &b.q, &mut b.attn);
+            dump::put("kqv_out", Some(il), &b.attn, hp.n_head * hv);
             b.o.resize(n * n_embd, 0.0);
             matmul(pool, &layer.wo.mat(), &b.attn, n, &mut b.o, &mut b.act);
             add_bias(&mut b.o, layer.bo.as_deref());
+            dump::put("attn_wo", Some(il), &b.o, n_embd);
+            if il + 1 == n_layer && wanted.len() < n {
+                if let (Some(heat), Ffn::Moe { router, .. }) = (self.routes.as_mut(), &layer.ffn) {
+                    // counting routes: the rows that stop here are routed all the same, apart
+                    // (so the rows that go on are computed as without counting)
+                    let stop: Vec<usize> = (0..n).filter(|i| !wanted.contains(i)).collect();
+                    let (mut o, mut x) = (b.o.clone(), b.x.clone());
+                    keep_rows(&mut o, &stop, n_embd);
+                    keep_rows(&mut x, &stop, n_embd);
+                    if let Some(w) = &layer.post_attn_norm {
+                        rms_norm_in_place(&mut o, w, hp.eps, n_embd);
+                    }
+                    x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+                    rms_norm_rows(&x, &layer.ffn_norm, hp.eps, n_embd, &mut o);
+                    let (cur, n_stop) = (o, stop.len());
+                    let routes = super::moe::routes_of(pool, hp, router, &cur, n_stop, &mut b.act);
+                    super::moe::record(heat, il as u32, &routes);
+                }
+                // as ggml: past the last attention only the rows whose logits are wanted go on
+                // (which also decides the float order of the products that follow)
+                keep_rows(&mut b.o, &wanted, n_embd);
+                keep_rows(&mut b.x, &wanted, n_embd);
+                rows = wanted.len();
+                if rows == 0 {
+                    return Ok(());
+                }
+            }
             if let Some(w) = &layer.post_attn_norm {
                 rms_norm_in_place(&mut b.o, w, hp.eps, n_embd);
             }
+            dump::put("attn_post_norm", Some(il), &b.o, n_embd);
             b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
+            dump::put("sa_out", Some(il), &b.x, n_embd);
             rms_norm_rows(&b.x, &layer.ffn_norm, hp.eps, n_embd, &mut b.cur);
-            b.ffn.resize(n * n_embd, 0.0);
+            dump::put("ffn_norm", Some(il), &b.cur, n_embd);
+            b.ffn.resize(rows * n_embd, 0.0);
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
                     let nf = hp.n_ff;
-                    b.gate.resize(n * nf, 0.0);
-                    b.up.resize(n * nf, 0.0);
+                    b.gate.resize(rows * nf, 0.0);
+                    b.up.resize(rows * nf, 0.0);
                     // gate and up share one conversion of the input when their types allow
-                    b.act.prepare(pool, gate.ty, &b.cur, n_embd, n);
+                    b.act.prepare(pool, gate.ty, &b.cur, n_embd, rows);
                     matmul_prepared(pool, &gate.mat(), &b.act, &mut b.gate);
                     if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
                         matmul_prepared(pool, &up.mat(), &b.act, &mut b.up);
                     } else {
-                        matmul(pool, &up.mat(), &b.cur, n, &mut b.up, &mut b.act);
+                        matmul(pool, &up.mat(), &b.cur, rows, &mut b.up, &mut b.act);
                     }
+                    dump::put("ffn_gate", Some(il), &b.gate, nf);
+                    dump::put("ffn_up", Some(il), &b.up, nf);
                     glu_threaded(pool, self.spec.act, &mut b.gate, &b.up);
-                    matmul(pool, &down.mat(), &b.gate, n, &mut b.ffn, &mut b.act);
+                    let glu_name = match self.spec.act {
+                        Act::Silu => "ffn_swiglu",
+                        Act::Gelu => "ffn_geglu",
+                    };
+                    dump::put(glu_name, Some(il), &b.gate, nf);
+                    matmul(pool, &down.mat(), &b.gate, rows, &mut b.ffn, &mut b.act);
                 }
                 Ffn::Moe {
                     router,
@@ -376,31 +426,36 @@ impl Model {
                     self.spec.act,
                     [router, gate, up, down],
                     &b.cur,
-                    n,
+                    rows,
                     &mut b.ffn,
                     &mut b.act,
                     &mut b.pairs,
                     self.routes.as_mut().map(|h| (h, il as u32)),
                 ),
             }
+            dump::put("ffn_out", Some(il), &b.ffn, n_embd);
             if let Some(w) = &layer.post_ffn_norm {
                 rms_norm_in_place(&mut b.ffn, w, hp.eps, n_embd);
             }
+            dump::put("ffn_post_norm", Some(il), &b.ffn, n_embd);
             b.x.iter_mut().zip(&b.ffn).for_each(|(x, f)| *x += f);
+            dump::put("l_out", Some(il), &b.x, n_embd);
         }
-        let wanted: Vec<usize> = (0..n).filter(|&i| batch.logits[r.start + i]).collect();
         if wanted.is_empty() {
             return Ok(());
         }
-        b.cur.resize(wanted.len() * n_embd, 0.0);
-        for (j, &i) in wanted.iter().enumerate() {
+        // the rows left are the wanted ones, in order
+        debug_assert_eq!(rows, wanted.len());
+        b.cur.resize(rows * n_embd, 0.0);
+        for j in 0..rows {
             rms_norm(
-                &b.x[i * n_embd..(i + 1) * n_embd],
+                &b.x[j * n_embd..(j + 1) * n_embd],
                 &self.w.output_norm,
                 hp.eps,
                 &mut b.cur[j * n_embd..(j + 1) * n_embd],
             );
         }
+        dump::put("result_norm", None, &b.cur, n_embd);
         let head = self.w.output.as_ref().unwrap_or(&self.w.tok_embd);
         b.logits.resize(wanted.len() * self.w.n_vocab, 0.0);
         matmul(
@@ -416,6 +471,7 @@ impl Model {
                 .iter_mut()
                 .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
         }
+        dump::put("result_output", None, &b.logits, self.w.n_vocab);
         out.extend_from_slice(&b.logits);
         Ok(())
     }
@@ -428,6 +484,14 @@ impl Forward for Model {
 
     fn n_ctx_seq(&self) -> usize {
         self.kv.n_ctx_seq()
+    }
+
+    fn n_swa(&self) -> usize {
+        if self.hp.swa_layers.iter().any(|&s| s) {
+            self.hp.n_swa as usize
+        } else {
+            0
+        }
     }
 
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
@@ -447,6 +511,20 @@ impl Forward for Model {
 
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
         self.kv.seq_cp(src, dst, n);
+    }
+
+    fn seq_save(&self, seq: SeqId) -> Option<SeqState> {
+        let cells = self.kv.seq(seq)?.clone();
+        let bytes =
+            cells.k.iter().chain(&cells.v).map(Vec::len).sum::<usize>() + 4 * cells.pos.len();
+        Some(SeqState::new(cells, bytes))
+    }
+
+    fn seq_load(&mut self, seq: SeqId, state: &SeqState) -> bool {
+        match state.get::<SeqCells>() {
+            Some(cells) => self.kv.put(seq, cells.clone()),
+            None => false,
+        }
     }
 
     fn count_routes(&mut self) -> bool {
@@ -484,6 +562,14 @@ fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, width: usize) {
     }
 }
 
+/// Keeps rows `keep` (ascending) of `x`, rows of `width`, in order at the front.
+fn keep_rows(x: &mut Vec<f32>, keep: &[usize], width: usize) {
+    for (j, &i) in keep.iter().enumerate() {
+        x.copy_within(i * width..(i + 1) * width, j * width);
+    }
+    x.truncate(keep.len() * width);
+}
+
 fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
     if let Some(b) = b {
         for row in x.chunks_exact_mut(b.len()) {
@@ -514,8 +600,9 @@ pub fn rope(head: &mut [f32], cache: &[(f32, f32)], kind: RopeKind) {
             RopeKind::Neox => (i, i + half),
         };
         let (x0, x1) = (head[a], head[b]);
-        head[a] = x0 * c - x1 * s;
-        head[b] = x0 * s + x1 * c;
+        // ggml's compiler fuses the first product of each line into a multiply-add
+        head[a] = x0.mul_add(c, -(x1 * s));
+        head[b] = x0.mul_add(s, x1 * c);
     }
 }
 
@@ -572,7 +659,9 @@ fn gelu_table() -> &'static [u16] {
         (0..=u16::MAX)
             .map(|h| {
                 let x = f16_to_f32(h);
-                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh());
+                // `1 + a*x*x` fused into one multiply-add, as ggml's compiler builds it
+                let inner = (0.044715 * x).mul_add(x, 1.0);
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh());
                 f32_to_f16(y)
             })
             .collect()

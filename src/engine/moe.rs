@@ -228,6 +228,34 @@ pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f3
     chosen
 }
 
+/// Each of the `n` token rows of `cur` routed: its chosen experts and their weights.
+pub fn routes_of(
+    pool: &ThreadPool,
+    hp: &Hparams,
+    router: &Tensor,
+    cur: &[f32],
+    n: usize,
+    abuf: &mut Activations,
+) -> Vec<Vec<(usize, f32)>> {
+    let ne = hp.n_expert;
+    let mut logits = vec![0.0; n * ne];
+    matmul(pool, &router.mat(), cur, n, &mut logits, abuf);
+    logits
+        .chunks_exact(ne)
+        .map(|l| route(l, hp.n_expert_used, hp.expert_norm, hp.expert_scale))
+        .collect()
+}
+
+/// Counts each row's chosen experts into `heat` for `layer`.
+pub fn record(heat: &mut Heat, layer: u32, routes: &[Vec<(usize, f32)>]) {
+    let mut experts = Vec::new();
+    for r in routes {
+        experts.clear();
+        experts.extend(r.iter().map(|c| c.0 as u32));
+        heat.record(layer, &experts);
+    }
+}
+
 /// The MoE FFN of the `n` token rows of `cur` into `out`. With `seen` (the heat and this layer's
 /// index), every token's chosen experts are counted there; the products do not depend on it.
 #[allow(clippy::too_many_arguments)]
@@ -243,20 +271,10 @@ pub fn moe_ffn(
     pairs_buf: &mut PairBufs,
     seen: Option<(&mut Heat, u32)>,
 ) {
-    let (ne, k, nf, n_embd) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
-    let mut logits = vec![0.0; n * ne];
-    matmul(pool, &router.mat(), cur, n, &mut logits, abuf);
-    let routes: Vec<Vec<(usize, f32)>> = logits
-        .chunks_exact(ne)
-        .map(|l| route(l, k, hp.expert_norm, hp.expert_scale))
-        .collect();
+    let (k, nf, n_embd) = (hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
+    let routes = routes_of(pool, hp, router, cur, n, abuf);
     if let Some((heat, layer)) = seen {
-        let mut experts = Vec::with_capacity(k);
-        for r in &routes {
-            experts.clear();
-            experts.extend(r.iter().map(|c| c.0 as u32));
-            heat.record(layer, &experts);
-        }
+        record(heat, layer, &routes);
     }
     // per (token, slot) expert outputs, summed in slot order at the end as ggml does
     let mut ys = vec![0.0f32; n * k * n_embd];

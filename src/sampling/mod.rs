@@ -654,9 +654,8 @@ pub fn token_probabilities(logits: &[f32], n_top: usize) -> Vec<TokenData> {
     let mut cur = Candidates::from_logits(logits);
     let n_top = n_top.min(cur.len());
     if n_top > 0 {
-        cur.data
-            .select_nth_unstable_by(n_top - 1, |a, b| b.logit.total_cmp(&a.logit));
-        cur.data[..n_top].sort_by(|a, b| b.logit.total_cmp(&a.logit));
+        // libstdc++'s order for the rest too: the normalizing sum below runs over it in f32
+        partial_sort_libstdcxx(&mut cur.data, n_top, |a, b| a.logit > b.logit);
     }
     let max_l = if n_top > 0 {
         cur.data[0].logit
@@ -674,6 +673,77 @@ pub fn token_probabilities(logits: &[f32], n_top: usize) -> Vec<TokenData> {
         t.p /= sum;
     }
     cur.data
+}
+
+/// `std::partial_sort(first, first + middle, last, comp)` as GCC's libstdc++ does it (a heap of
+/// the first `middle`, then the rest sifted through it, then the heap sorted), leaving every
+/// element where it leaves it.
+fn partial_sort_libstdcxx<T: Copy>(v: &mut [T], middle: usize, comp: impl Fn(&T, &T) -> bool) {
+    let middle = middle.min(v.len());
+    // __make_heap
+    if middle >= 2 {
+        let mut parent = (middle - 2) / 2;
+        loop {
+            let value = v[parent];
+            adjust_heap(v, parent, middle, value, &comp);
+            if parent == 0 {
+                break;
+            }
+            parent -= 1;
+        }
+    }
+    // the rest through the heap
+    for i in middle..v.len() {
+        if middle > 0 && comp(&v[i], &v[0]) {
+            let value = v[i];
+            v[i] = v[0];
+            adjust_heap(v, 0, middle, value, &comp);
+        }
+    }
+    // __sort_heap
+    let mut last = middle;
+    while last > 1 {
+        last -= 1;
+        let value = v[last];
+        v[last] = v[0];
+        adjust_heap(v, 0, last, value, &comp);
+    }
+}
+
+/// libstdc++'s `__adjust_heap` over `v[..len]`: the hole at `hole` sinks to a leaf, then `value`
+/// rises from there.
+fn adjust_heap<T: Copy>(
+    v: &mut [T],
+    mut hole: usize,
+    len: usize,
+    value: T,
+    comp: &impl Fn(&T, &T) -> bool,
+) {
+    let top = hole;
+    let mut child = hole;
+    while len >= 1 && child < (len - 1) / 2 {
+        child = 2 * (child + 1);
+        if comp(&v[child], &v[child - 1]) {
+            child -= 1;
+        }
+        v[hole] = v[child];
+        hole = child;
+    }
+    if len.is_multiple_of(2) && len >= 2 && child == (len - 2) / 2 {
+        child = 2 * (child + 1);
+        v[hole] = v[child - 1];
+        hole = child - 1;
+    }
+    // __push_heap
+    while hole > top {
+        let parent = (hole - 1) / 2;
+        if !comp(&v[parent], &value) {
+            break;
+        }
+        v[hole] = v[parent];
+        hole = parent;
+    }
+    v[hole] = value;
 }
 
 #[cfg(test)]

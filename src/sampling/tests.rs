@@ -398,3 +398,26 @@ fn the_generation_prompt_is_fed_through_the_grammar() {
     s.prefill_grammar(&[0, 1]).unwrap();
     assert_eq!(s.sample(&[9.0, 9.0, 1.0, 2.0, 0.0]).unwrap(), 3);
 }
+
+#[test]
+fn partial_sort_leaves_every_element_where_libstdcxx_does() {
+    // 40 logits with ties, partially sorted for the best 5; the order recorded from g++ 12's
+    // `std::partial_sort` with `a.logit > b.logit` (the rest's order decides upstream's f32
+    // normalizing sum in `get_token_probabilities`)
+    let mut s = 12345u32;
+    let mut v: Vec<(u32, f32)> = (0..40)
+        .map(|i| {
+            s = s.wrapping_mul(1103515245).wrapping_add(12345);
+            (i, ((s >> 16) % 17) as f32 - 8.0)
+        })
+        .collect();
+    super::partial_sort_libstdcxx(&mut v, 5, |a, b| a.1 > b.1);
+    let ids: Vec<u32> = v.iter().map(|t| t.0).collect();
+    assert_eq!(
+        ids,
+        [
+            26, 18, 5, 6, 3, 1, 4, 0, 2, 7, 10, 11, 12, 13, 14, 15, 16, 17, 8, 19, 20, 21, 22, 23,
+            24, 25, 9, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39
+        ]
+    );
+}

@@ -18,6 +18,12 @@ pub trait ChatRenderer: Send + Sync {
     /// The template source, as `/props` reports it.
     fn source(&self) -> String;
 
+    /// (role, marker) pairs that start the template's messages, as upstream's chat handling
+    /// passes them on (`message_delimiters`); none by default.
+    fn message_delimiters(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Whether prompts come from a Jinja template (upstream's chat parser then shapes JSON
     /// replies) rather than a built-in format (`--no-jinja`).
     fn jinja(&self) -> bool {

@@ -692,6 +692,14 @@ fn chat_to_completion(
         out.insert("generation_prompt".into(), json!(generation_prompt));
     }
     out.insert("prompt".into(), json!(prompt));
+    let delimiters = chat.message_delimiters();
+    if !delimiters.is_empty() {
+        let list: Vec<Value> = delimiters
+            .iter()
+            .map(|(role, text)| json!({"role": role, "delimiter": text}))
+            .collect();
+        out.insert("message_delimiters".into(), Value::Array(list));
+    }
     match body.get("stop") {
         Some(Value::String(s)) => {
             out.insert("stop".into(), json!([s]));
@@ -843,7 +851,7 @@ async fn chat_completions(state: Shared, req: HttpRequest, body: Bytes) -> HttpR
 async fn infill(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
     let result = async {
         let data = infill_body(&state, &body)?;
-        complete(&state, &req, data, ResponseKind::Native).await
+        complete(&state, &req, data, ResponseKind::Native, true).await
     };
     respond(result.await)
 }
@@ -937,7 +945,12 @@ struct Submitted {
     n_tasks: usize,
 }
 
-fn submit_all(r: &Ready, state: &AppState, data: &Value) -> Result<Submitted, TaskError> {
+fn submit_all(
+    r: &Ready,
+    state: &AppState,
+    data: &Value,
+    infill: bool,
+) -> Result<Submitted, TaskError> {
     if !data.is_object() {
         // upstream's first keyed read of a body that is not an object
         return Err(TaskError::invalid(format!(
@@ -954,11 +967,9 @@ fn submit_all(r: &Ready, state: &AppState, data: &Value) -> Result<Submitted, Ta
         n_vocab: r.scheduler.n_vocab,
         n_parallel: r.scheduler.n_slots,
     };
-    let params = Arc::new(request::parse_task_params(
-        data,
-        &state.params.defaults,
-        &ctx,
-    )?);
+    let mut params = request::parse_task_params(data, &state.params.defaults, &ctx)?;
+    params.infill = infill;
+    let params = Arc::new(params);
     let id_slot = match data.get("id_slot").filter(|v| !v.is_null()) {
         Some(v) => request::as_i64(v)
             .map_err(|e| TaskError::invalid(format!("Field 'id_slot': {e}")))?
@@ -994,15 +1005,17 @@ async fn handle_completion(
     kind: ResponseKind,
 ) -> Result<HttpResponse, TaskError> {
     ready(state)?;
-    complete(state, req, parse_body(&body)?, kind).await
+    complete(state, req, parse_body(&body)?, kind, false).await
 }
 
-/// A completion-shaped request, already parsed, answered in the shape `kind` names.
+/// A completion-shaped request, already parsed, answered in the shape `kind` names; `infill`
+/// for `/infill`'s (its tasks take no context checkpoints).
 async fn complete(
     state: &AppState,
     req: &HttpRequest,
     body: Value,
     kind: ResponseKind,
+    infill: bool,
 ) -> Result<HttpResponse, TaskError> {
     let r = ready(state)?;
     // A chat request asking for a JSON response (checked on the request as sent: the body
@@ -1035,7 +1048,7 @@ async fn complete(
     let parsing = (kind == ResponseKind::OaiChat)
         .then(|| reply_parsing(state, &data, json_reply))
         .flatten();
-    let mut submitted = submit_all(r, state, &data)?;
+    let mut submitted = submit_all(r, state, &data, infill)?;
     let meta_id = gen_id(match kind {
         ResponseKind::OaiResponses => "resp_",
         ResponseKind::OaiCompletion => "cmpl-",

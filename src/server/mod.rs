@@ -7,11 +7,13 @@
 //! then ends in-flight tasks and returns. [`run`] does all three.
 
 pub mod chat;
+pub mod checkpoints;
 pub mod codec;
 mod format;
 mod http;
 mod infill;
 mod peer;
+mod prompt_cache;
 pub mod request;
 pub mod scheduler;
 pub mod task;
@@ -27,7 +29,7 @@ use actix_web::{middleware::from_fn, web, App, HttpServer};
 
 pub use chat::{ChatRenderer, PlainChat, Reply, ReplyParsing, ReplyStream};
 pub use codec::TextCodec;
-pub use scheduler::{SchedulerConfig, SchedulerHandle};
+pub use scheduler::{CacheOptions, SchedulerConfig, SchedulerHandle};
 pub use task::{Event, TaskParams, TaskRequest};
 
 use crate::engine::Forward;
@@ -48,6 +50,8 @@ pub struct ServerParams {
     pub n_ctx_slot: usize,
     pub n_batch: usize,
     pub n_ubatch: usize,
+    /// Context checkpoints and the host prompt cache.
+    pub cache: CacheOptions,
     /// `--spm-infill`: `/infill` prompts put the suffix before the prefix.
     pub spm_infill: bool,
     pub api_keys: Vec<String>,
@@ -92,6 +96,7 @@ impl Default for ServerParams {
             n_ctx_slot: 0,
             n_batch: 2048,
             n_ubatch: 512,
+            cache: CacheOptions::default(),
             spm_infill: false,
             api_keys: Vec::new(),
             timeout_s: 3600,
@@ -291,6 +296,8 @@ impl Server {
             n_slots: p.n_parallel.max(1),
             n_ctx_slot: p.n_ctx_slot,
             n_ubatch: p.n_ubatch.max(1),
+            n_batch: p.n_batch.max(1),
+            cache: p.cache.clone(),
             slot_prompt_similarity: p.slot_prompt_similarity,
             ctx_shift: p.ctx_shift,
             slot_save_path: p.slot_save_path.clone(),

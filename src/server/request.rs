@@ -345,6 +345,18 @@ pub fn parse_task_params(
     if let Some((n, v)) = lookup(body, &["generation_prompt"]) {
         p.generation_prompt = as_string(v).map_err(|e| field_error(n, e))?;
     }
+    // what a chat request's template delimits messages with (upstream skips entries that are
+    // not objects, and a missing role or text reads as empty)
+    if let Some(Value::Array(delims)) = body.get("message_delimiters") {
+        p.message_delimiters = delims
+            .iter()
+            .filter_map(Value::as_object)
+            .map(|d| {
+                let text = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                (text("role"), text("delimiter"))
+            })
+            .collect();
+    }
     parse_triggers(body, ctx, &mut p)?;
     parse_reasoning_budget(body, ctx, &mut p)?;
     if let Some(v) = body.get("samplers").filter(|v| !v.is_null()) {

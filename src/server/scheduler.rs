@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::checkpoints::{user_starts, CheckpointPolicy, Checkpoints, UserStarts};
 use super::codec::{CodecVocab, TextCodec};
+use super::prompt_cache::{Entry, PromptCache};
 use super::task::{
     ErrorKind, Event, FinalResult, StopType, TaskError, TaskParams, TaskRequest, Timings,
     TokenOutput, TokenProb,
@@ -25,6 +27,35 @@ use super::task::{
 use crate::engine::{Batch, Forward, SeqId};
 use crate::grammar::{Grammar, GrammarState, TokenTexts, Triggers};
 use crate::sampling::{token_probabilities, utf8_complete, GrammarSource, GrammarTrigger, Sampler};
+
+/// How slots keep prompts: upstream's context checkpoints (which, with the model's attention
+/// window, decide where prompt batches end: `server::checkpoints`) and its host-memory prompt
+/// cache (`server::prompt_cache`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheOptions {
+    /// `--kv-unified`: the slots share one KV pool.
+    pub kv_unified: bool,
+    /// `--ctx-checkpoints`, `--checkpoint-min-step`, `--swa-full`.
+    pub ctx_checkpoints: i32,
+    pub checkpoint_min_step: i32,
+    pub swa_full: bool,
+    /// `--cache-ram` (MiB; 0: no host prompt cache, -1: no limit) and `--cache-idle-slots`.
+    pub cache_ram_mib: i32,
+    pub cache_idle_slots: bool,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheOptions {
+            kv_unified: false,
+            ctx_checkpoints: 32,
+            checkpoint_min_step: 8192,
+            swa_full: false,
+            cache_ram_mib: 8192,
+            cache_idle_slots: true,
+        }
+    }
+}
 
 /// How the scheduler runs; the server maps its own parameters onto this.
 #[derive(Clone, Debug)]
@@ -34,6 +65,9 @@ pub struct SchedulerConfig {
     pub n_ctx_slot: usize,
     /// Most prompt tokens evaluated in one step (with the running decodes).
     pub n_ubatch: usize,
+    /// `-b`: with checkpoints, a prompt's last batches are cut to it.
+    pub n_batch: usize,
+    pub cache: CacheOptions,
     /// Fraction of a prompt that must match a slot's cache to prefer that slot.
     pub slot_prompt_similarity: f32,
     /// Context shift when a generation reaches the end of its slot's context.
@@ -50,6 +84,8 @@ impl Default for SchedulerConfig {
             n_slots: 1,
             n_ctx_slot: 0,
             n_ubatch: 512,
+            n_batch: 2048,
+            cache: CacheOptions::default(),
             slot_prompt_similarity: 0.1,
             ctx_shift: false,
             slot_save_path: None,
@@ -304,6 +340,8 @@ struct Active {
     t_gen_last: Option<Instant>,
     /// Row of this slot's logits in the current step.
     logits_row: Option<usize>,
+    /// Where the prompt's user messages start (prompt batches end there).
+    users: UserStarts,
 }
 
 impl Active {
@@ -341,6 +379,8 @@ struct Slot {
     last_used: i64,
     /// The last finished task, for `/slots`.
     last_task: Option<(u64, Arc<TaskParams>, Vec<u32>, String)>,
+    /// Upstream's context checkpoints for this slot (positions only).
+    checkpoints: Checkpoints,
 }
 
 struct Scheduler {
@@ -348,6 +388,10 @@ struct Scheduler {
     codec: Arc<dyn TextCodec>,
     config: SchedulerConfig,
     n_ctx_slot: usize,
+    /// Where prompt batches end for the model's attention window.
+    checkpoint_policy: CheckpointPolicy,
+    /// Prompts saved in host memory (`--cache-ram`); `None` when off.
+    prompt_cache: Option<PromptCache>,
     slots: Vec<Slot>,
     waiting: VecDeque<(u64, TaskRequest)>,
     deferred_actions: VecDeque<PendingAction>,
@@ -367,11 +411,32 @@ impl Scheduler {
     ) -> Self {
         let n_slots = config.n_slots.max(1);
         log::info!("initializing slots, n_slots = {n_slots}, n_ctx_slot = {n_ctx_slot}");
+        let n_swa = engine.n_swa();
+        // the KV cache's cells in all
+        let n_ctx = if config.cache.kv_unified {
+            n_ctx_slot
+        } else {
+            n_ctx_slot * n_slots
+        };
+        let checkpoint_policy = CheckpointPolicy::new(
+            config.cache.ctx_checkpoints,
+            config.cache.checkpoint_min_step,
+            n_swa,
+            config.cache.swa_full,
+            config.n_batch,
+            config.n_ubatch,
+            n_ctx,
+            if config.cache.kv_unified { n_slots } else { 1 },
+        );
+        let prompt_cache = (config.cache.cache_ram_mib != 0)
+            .then(|| PromptCache::new(config.cache.cache_ram_mib, n_ctx));
         Scheduler {
             engine,
             codec,
             config,
             n_ctx_slot,
+            checkpoint_policy,
+            prompt_cache,
             slots: (0..n_slots)
                 .map(|id| Slot {
                     id,
@@ -379,6 +444,7 @@ impl Scheduler {
                     active: None,
                     last_used: -1,
                     last_task: None,
+                    checkpoints: Checkpoints::default(),
                 })
                 .collect(),
             waiting: VecDeque::new(),
@@ -604,7 +670,15 @@ impl Scheduler {
         let mut still_waiting = VecDeque::new();
         while let Some((id, task)) = self.waiting.pop_front() {
             match self.pick_slot(&task) {
-                Some(i) => self.launch(i, id, task),
+                Some((i, swap)) => {
+                    if swap && !task.params.infill {
+                        self.swap_prompt(i, &task.tokens);
+                    }
+                    self.launch(i, id, task);
+                    if self.config.cache.cache_idle_slots {
+                        self.save_idle_slots();
+                    }
+                }
                 None => still_waiting.push_back((id, task)),
             }
         }
@@ -612,17 +686,36 @@ impl Scheduler {
     }
 
     /// Upstream's choice: the requested slot; else the free slot whose cache best covers the
-    /// prompt (above the similarity threshold); else the least recently used free slot.
-    fn pick_slot(&self, task: &TaskRequest) -> Option<usize> {
+    /// prompt (above the similarity threshold); else the least recently used free slot. With it,
+    /// whether the slot's prompt goes to the host prompt cache first (upstream's `update_cache`:
+    /// the slot is about to lose more than half of what it holds, or was taken as least
+    /// recently used).
+    fn pick_slot(&self, task: &TaskRequest) -> Option<(usize, bool)> {
         let n = self.slots.len() as i32;
         // Ids wrap modulo the slot count; a negative remainder names no slot and, as upstream,
         // falls through to the usual choice.
         if task.id_slot != -1 && task.id_slot % n >= 0 {
             let wanted = task.id_slot % n;
-            return self
+            let i = self
                 .slots
                 .iter()
-                .position(|s| s.id as i32 == wanted && s.active.is_none());
+                .position(|s| s.id as i32 == wanted && s.active.is_none())?;
+            let mut swap = false;
+            if self.config.slot_prompt_similarity != 0.0 {
+                // upstream measures the kept share with the similarity only when it passed the
+                // threshold (0 otherwise), and an empty slot gives 0/0
+                let held = &self.slots[i].cache;
+                let lcp = common_prefix(held, &task.tokens);
+                let sim = lcp as f32 / task.tokens.len().max(1) as f32;
+                let best = if !held.is_empty() && sim > self.config.slot_prompt_similarity {
+                    sim
+                } else {
+                    0.0
+                };
+                let f_keep = best * task.tokens.len() as f32 / held.len() as f32;
+                swap = f_keep < 0.5;
+            }
+            return Some((i, swap));
         }
         let mut best = None;
         let mut best_sim = 0.0f32;
@@ -639,8 +732,9 @@ impl Scheduler {
                 }
             }
         }
-        if best.is_some() {
-            return best;
+        if let Some(i) = best {
+            let f_keep = best_sim * task.tokens.len() as f32 / self.slots[i].cache.len() as f32;
+            return Some((i, f_keep < 0.5));
         }
         let mut t_last = -1;
         for (i, slot) in self.slots.iter().enumerate() {
@@ -652,7 +746,98 @@ impl Scheduler {
                 best = Some(i);
             }
         }
-        best
+        best.map(|i| (i, true))
+    }
+
+    /// Saves slot `i`'s prompt in the host prompt cache, unless it is empty, held there whole
+    /// already, too big, or the engine cannot save its sequence (`None` then).
+    fn save_prompt(&mut self, i: usize) -> Option<bool> {
+        let Some(cache) = self.prompt_cache.as_mut() else {
+            return Some(false);
+        };
+        let slot = &self.slots[i];
+        if cache.holds(&slot.cache) {
+            return Some(false);
+        }
+        let state = self.engine.seq_save(slot.id as SeqId)?;
+        if cache.too_big(state.bytes) {
+            log::warn!(
+                "slot {}: prompt state of {} bytes exceeds the prompt cache limit, not saved",
+                slot.id,
+                state.bytes
+            );
+            return Some(false);
+        }
+        log::debug!(
+            "slot {}: saving prompt of {} tokens",
+            slot.id,
+            slot.cache.len()
+        );
+        cache.save(Entry {
+            tokens: slot.cache.clone(),
+            checkpoints: slot.checkpoints.clone(),
+            bytes: state.bytes,
+            state,
+        });
+        Some(true)
+    }
+
+    /// Before slot `i` takes a task of `prompt`: its own prompt goes to the host prompt cache,
+    /// and a saved prompt that covers the new one better takes its place.
+    fn swap_prompt(&mut self, i: usize, prompt: &[u32]) {
+        if self.prompt_cache.is_none() {
+            return;
+        }
+        self.save_prompt(i);
+        let slot = &mut self.slots[i];
+        let seq = slot.id as SeqId;
+        let cache = self.prompt_cache.as_mut().expect("checked above");
+        if let Some(entry) = cache.take_better(&slot.cache, prompt) {
+            if self.engine.seq_load(seq, &entry.state) {
+                log::info!(
+                    "slot {}: restored a prompt of {} tokens from the prompt cache",
+                    slot.id,
+                    entry.tokens.len()
+                );
+                slot.cache = entry.tokens;
+                slot.checkpoints = entry.checkpoints;
+            } else {
+                log::warn!(
+                    "slot {}: could not restore a cached prompt, clearing",
+                    slot.id
+                );
+                self.engine.seq_rm(seq, 0, None);
+                slot.cache.clear();
+                slot.checkpoints.clear();
+            }
+        }
+        cache.trim();
+    }
+
+    /// `--cache-idle-slots`: after a task starts, every idle slot's prompt goes to the host
+    /// prompt cache (and, with one unified KV pool, leaves the slot, as upstream's does; but not
+    /// with an engine that cannot save it, where it would be lost).
+    fn save_idle_slots(&mut self) {
+        if self.prompt_cache.is_none() {
+            return;
+        }
+        for i in 0..self.slots.len() {
+            if self.slots[i].active.is_some() {
+                continue;
+            }
+            let saved = self.save_prompt(i);
+            if saved == Some(true) {
+                if let Some(cache) = self.prompt_cache.as_mut() {
+                    cache.trim();
+                }
+            }
+            if self.config.cache.kv_unified && saved.is_some() {
+                let slot = &mut self.slots[i];
+                self.engine.seq_rm(slot.id as SeqId, 0, None);
+                slot.cache.clear();
+                slot.checkpoints.clear();
+            }
+        }
     }
 
     fn launch(&mut self, slot_idx: usize, id: u64, request: TaskRequest) {
@@ -719,13 +904,27 @@ impl Scheduler {
         } else {
             self.config.n_predict
         };
+        let delimiters: Vec<(bool, Vec<u32>)> = params
+            .message_delimiters
+            .iter()
+            .filter(|(_, text)| !text.is_empty())
+            .map(|(role, text)| (role == "user", self.codec.tokenize(text, false, true)))
+            .collect();
+        let users = user_starts(&request.tokens, &delimiters);
         let slot = &mut self.slots[slot_idx];
         let seq = slot.id as SeqId;
-        let mut n_past = if params.cache_prompt {
+        let n_shared = if params.cache_prompt {
             common_prefix(&slot.cache, &request.tokens)
         } else {
             0
         };
+        // With an attention window, upstream resumes from a checkpoint inside the shared prefix.
+        let mut n_past = slot.checkpoints.resume(
+            &self.checkpoint_policy,
+            slot.cache.len(),
+            n_shared,
+            n_tokens,
+        );
         // At least one prompt token is evaluated, to get logits.
         if n_past == n_tokens && n_past > 0 {
             n_past -= 1;
@@ -763,6 +962,7 @@ impl Scheduler {
             t_prompt_done: None,
             t_gen_last: None,
             logits_row: None,
+            users,
         };
         if n_tokens == 0 {
             let result = final_result(slot.id, slot.cache.len(), &active, self.codec.as_ref());
@@ -847,6 +1047,7 @@ impl Scheduler {
                 let seq = self.slots[idx].id as SeqId;
                 self.engine.seq_rm(seq, 0, None);
                 self.slots[idx].cache.clear();
+                self.slots[idx].checkpoints.clear();
                 // The engine exposes no state import, so the cache is rebuilt by evaluating the
                 // saved tokens again.
                 for (chunk_no, chunk) in tokens.chunks(self.config.n_ubatch.max(1)).enumerate() {
@@ -983,7 +1184,26 @@ impl Scheduler {
             }
             let prompt = &active.request.tokens;
             let start = slot.cache.len();
-            let take = (prompt.len() - start).min(budget);
+            let completion = !active.request.params.infill;
+            let end = start + (prompt.len() - start).min(budget);
+            let policy = &self.checkpoint_policy;
+            let take = slot.checkpoints.batch_len(
+                policy,
+                completion,
+                &active.users,
+                prompt.len(),
+                start,
+                end,
+            );
+            slot.checkpoints.before_batch(
+                policy,
+                completion,
+                &active.users,
+                active.id,
+                prompt.len(),
+                start,
+                start + take,
+            );
             for k in 0..take {
                 let pos = start + k;
                 let last = pos + 1 == prompt.len();
@@ -1034,6 +1254,7 @@ impl Scheduler {
                 if let Some(p0) = touched_from {
                     self.engine.seq_rm(seq, p0, None);
                     self.slots[i].cache.truncate(p0 as usize);
+                    self.slots[i].checkpoints.clear();
                     self.fail_slot(
                         i,
                         TaskError::new(ErrorKind::Server, format!("decode() failed: {e}")),

@@ -34,6 +34,12 @@ pub struct TaskParams {
     /// What a chat template appended to start the reply (`<|im_start|>assistant\n`); schema
     /// and tool-call grammars read it before the first sampled token.
     pub generation_prompt: String,
+    /// `message_delimiters`: (role, text) pairs marking where a chat prompt's messages start,
+    /// as a chat request passes its template's on; the user messages' starts end prompt
+    /// batches where upstream takes context checkpoints.
+    pub message_delimiters: Vec<(String, String)>,
+    /// Fill-in-the-middle tasks take no context checkpoints upstream.
+    pub infill: bool,
 }
 
 impl Default for TaskParams {
@@ -58,6 +64,8 @@ impl Default for TaskParams {
             stop: Vec::new(),
             response_fields: Vec::new(),
             special: false,
+            message_delimiters: Vec::new(),
+            infill: false,
             generation_prompt: String::new(),
         }
     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::codec::TextCodec;
-use crate::engine::{Batch, EngineError, Forward, SeqId};
+use crate::engine::{Batch, EngineError, Forward, SeqId, SeqState};
 
 pub const BYTE_BOS: u32 = 256;
 pub const BYTE_EOS: u32 = 257;
@@ -88,6 +88,8 @@ pub struct MockEngine {
     cache: HashMap<SeqId, Vec<u32>>,
     /// The size of every `decode` call, shared so a test can read it while the engine runs.
     pub step_sizes: Arc<Mutex<Vec<usize>>>,
+    /// Whether it saves sequences for the host prompt cache (an engine may not).
+    pub saves: bool,
 }
 
 impl MockEngine {
@@ -98,6 +100,7 @@ impl MockEngine {
             eos_after: usize::MAX,
             cache: HashMap::new(),
             step_sizes: Arc::default(),
+            saves: true,
         }
     }
 
@@ -182,6 +185,25 @@ impl Forward for MockEngine {
             .map(|c| c[..(n as usize).min(c.len())].to_vec())
             .unwrap_or_default();
         self.cache.insert(dst, copied);
+    }
+
+    fn seq_save(&self, seq: SeqId) -> Option<SeqState> {
+        if !self.saves {
+            return None;
+        }
+        let cells = self.cache.get(&seq).filter(|c| !c.is_empty())?.clone();
+        let bytes = 4 * cells.len();
+        Some(SeqState::new(cells, bytes))
+    }
+
+    fn seq_load(&mut self, seq: SeqId, state: &SeqState) -> bool {
+        match state.get::<Vec<u32>>() {
+            Some(cells) => {
+                self.cache.insert(seq, cells.clone());
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -350,21 +350,51 @@ fn rd_f32(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// Q4_K and Q5_K share their scale layout; `high_bit(j)` gives sub-block `j`'s fifth bits (Q5_K)
-/// or zero (Q4_K).
+/// The eight lanes' sum (exact: integers).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+}
+
+/// How a K-quant product turns its integer sums into floats: the float steps are part of the
+/// result, and ggml's differ by type and by path on x86.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KFloat {
+    /// ggml's dot product (Q5_K): eight lane sums per block scaled into eight accumulators,
+    /// summed at the end; the mins' term in a plain multiply-add.
+    Lanes,
+    /// ggml's repacked one-row kernel (`gemv`, Q4_K; every row of an expert product): a block's
+    /// integers summed first, then `sum * (d * da)` into one accumulator and `mins * (dmin * da)`
+    /// into another, a fused multiply-add each, the second subtracted at the end.
+    Blocks,
+    /// ggml's repacked four-row kernel (`gemm`, Q4_K; a prompt's rows in fours): as `Blocks`, one
+    /// step per pair of sub-blocks (64 values) instead of per block.
+    Pairs,
+    /// ggml's tiled K-quant product (Q5_K, Q6_K; products of 8 or more rows): a block's integers
+    /// summed first, `sum * dw`, less `dmin * mins` in one fused step (Q5_K), then added to one
+    /// accumulator times `da` in another.
+    Tiled,
+}
+
+/// Q4_K and Q5_K share their scale layout; `five` adds Q5_K's fifth bits; `order` picks the
+/// float steps ([`KFloat`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool, order: KFloat) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = 0.0f32;
+    let mut acc_s = 0.0f32;
     for (bw, ba) in w
         .chunks_exact(wb)
         .zip(a.chunks_exact(Q8_K_BYTES))
         .take(n / QK_K)
     {
         let da = rd_f32(ba, 0);
-        let (d, dmin) = rd_f16_pair(bw, 0);
-        let (d, dmin) = (d * da, dmin * da);
+        let (dw, dminw) = rd_f16_pair(bw, 0);
+        let (d, dmin) = (dw * da, dminw * da);
         let scales = &bw[4..16];
         let bs = bsums(ba);
         let qs_at = if five { 48 } else { 16 };
@@ -392,25 +422,58 @@ unsafe fn qk_4_5(n: usize, w: &[u8], wb: usize, a: &[u8], five: bool) -> f32 {
             let (s1, m1) = scale_min_k4(2 * c + 1, scales);
             let p0 = _mm256_maddubs_epi16(lo, load(ba, 4 + 64 * c));
             let p1 = _mm256_maddubs_epi16(hi, load(ba, 4 + 64 * c + 32));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(s0 as i16)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(s1 as i16)));
-            summ += m0 as i32 * (bs[4 * c] + bs[4 * c + 1])
+            let pair = _mm256_add_epi32(
+                _mm256_madd_epi16(p0, _mm256_set1_epi16(s0 as i16)),
+                _mm256_madd_epi16(p1, _mm256_set1_epi16(s1 as i16)),
+            );
+            let pair_m = m0 as i32 * (bs[4 * c] + bs[4 * c + 1])
                 + m1 as i32 * (bs[4 * c + 2] + bs[4 * c + 3]);
+            if order == KFloat::Pairs {
+                acc_s = (hsum_epi32(pair) as f32).mul_add(d, acc_s);
+                acc_m = (pair_m as f32).mul_add(dmin, acc_m);
+            } else {
+                sumi = _mm256_add_epi32(sumi, pair);
+                summ += pair_m;
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_m += dmin * summ as f32;
+        match order {
+            KFloat::Lanes => {
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                acc_m += dmin * summ as f32;
+            }
+            KFloat::Blocks => {
+                acc_s = (hsum_epi32(sumi) as f32).mul_add(d, acc_s);
+                acc_m = (summ as f32).mul_add(dmin, acc_m);
+            }
+            KFloat::Tiled => {
+                let res = (-dminw).mul_add(summ as f32, hsum_epi32(sumi) as f32 * dw);
+                acc_s = res.mul_add(da, acc_s);
+            }
+            KFloat::Pairs => {}
+        }
     }
-    hsum(acc) - acc_m
+    match order {
+        KFloat::Lanes => hsum(acc) - acc_m,
+        KFloat::Blocks | KFloat::Pairs => acc_s - acc_m,
+        KFloat::Tiled => acc_s,
+    }
 }
 
+/// One Q4_K row as ggml's repacked one-row kernel sums it ([`KFloat::Blocks`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    qk_4_5(n, w, 144, a, false)
+    qk_4_5(n, w, 144, a, false, KFloat::Blocks)
+}
+
+/// One Q4_K row as ggml's repacked four-row kernel sums each of its rows ([`KFloat::Pairs`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_k_q8_k_pairs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 144, a, false, KFloat::Pairs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    qk_4_5(n, w, 176, a, true)
+    qk_4_5(n, w, 176, a, true, KFloat::Lanes)
 }
 
 /// Q6_K blocks of one weight row against `R` rows of Q8_K activations: each block's six-bit
@@ -418,10 +481,11 @@ pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// same integer lanes and float steps per row, in the same order).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_rows<const R: usize>(n: usize, w: &[u8], a: [&[u8]; R]) -> [f32; R] {
+unsafe fn q6_k_rows<const R: usize>(n: usize, w: &[u8], a: [&[u8]; R], order: KFloat) -> [f32; R] {
     let nb = n / QK_K;
     assert!(w.len() >= nb * 210 && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
     let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_s = [0.0f32; R];
     let m4 = _mm256_set1_epi8(0x0f);
     for (b, bw) in w.chunks_exact(210).take(nb).enumerate() {
         let ba: [&[u8]; R] = std::array::from_fn(|r| &a[r][b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES]);
@@ -429,12 +493,13 @@ unsafe fn q6_k_rows<const R: usize>(n: usize, w: &[u8], a: [&[u8]; R]) -> [f32; 
         // conversion starts from a whole-register move (see `rd_f16_pair`)
         let dw = rd_f16_pair(bw, 206).1;
         let sc = &bw[192..208];
-        let mut corr = [0i32; R];
-        for (c, ba) in corr.iter_mut().zip(&ba) {
-            for (g, &b) in bsums(ba).iter().enumerate() {
-                *c += sc[g] as i8 as i32 * b;
-            }
-        }
+        // the values' offset of 32, as ggml takes it: lane k of the sums loses 32 times the
+        // activation sums of sixteen-value groups 2k and 2k+1 times their scales (which lane
+        // takes it changes the float steps that follow)
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let corr: [__m256i; R] = std::array::from_fn(|r| {
+            _mm256_slli_epi32(_mm256_madd_epi16(load(ba[r], 4 + QK_K), scales16), 5)
+        });
         let mut sumi = [_mm256_setzero_si256(); R];
         for half in 0..2 {
             let ql0 = load(bw, half * 64);
@@ -469,25 +534,49 @@ unsafe fn q6_k_rows<const R: usize>(n: usize, w: &[u8], a: [&[u8]; R]) -> [f32; 
             }
         }
         for r in 0..R {
-            let d = dw * rd_f32(ba[r], 0);
-            let total = _mm256_sub_epi32(
-                sumi[r],
-                _mm256_setr_epi32(32 * corr[r], 0, 0, 0, 0, 0, 0, 0),
-            );
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc[r]);
+            let da = rd_f32(ba[r], 0);
+            let total = _mm256_sub_epi32(sumi[r], corr[r]);
+            if order == KFloat::Tiled {
+                let res = hsum_epi32(total) as f32 * dw;
+                acc_s[r] = res.mul_add(da, acc_s[r]);
+            } else {
+                let d = dw * da;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc[r]);
+            }
         }
     }
-    std::array::from_fn(|r| hsum(acc[r]))
+    if order == KFloat::Tiled {
+        acc_s
+    } else {
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q6_k_rows(n, w, [a])[0]
+    q6_k_rows(n, w, [a], KFloat::Lanes)[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-    q6_k_rows(n, w, a)
+    q6_k_rows(n, w, a, KFloat::Lanes)
+}
+
+/// One Q6_K row as ggml's tiled product of 8 or more rows sums it ([`KFloat::Tiled`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_q8_k_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q6_k_rows(n, w, [a], KFloat::Tiled)[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_q8_k_tiled_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    q6_k_rows(n, w, a, KFloat::Tiled)
+}
+
+/// One Q5_K row as ggml's tiled product of 8 or more rows sums it ([`KFloat::Tiled`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_k_q8_k_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    qk_4_5(n, w, 176, a, true, KFloat::Tiled)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -504,12 +593,24 @@ pub unsafe fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         i += 32;
     }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut sum = hsum(v);
+    // the rest in f64, each product rounded to f32 first (exact for two halves)
+    let mut sum = hsum_ggml(acc) as f64;
     for j in full..n {
-        sum += rd_f16(w, 2 * j) * rd_f16(a, 2 * j);
+        sum += (rd_f16(w, 2 * j) * rd_f16(a, 2 * j)) as f64;
     }
-    sum
+    sum as f32
+}
+
+/// ggml's `GGML_F32x8_REDUCE` for an AVX2 build: the four accumulators summed (0 + 2, 1 + 3),
+/// then those two, then the two 128-bit halves, then two horizontal adds. The order is part of
+/// the result: [`f16_f16`] and [`f32_f32`] keep it so their sums equal upstream's bit for bit.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ggml(acc: [__m256; 4]) -> f32 {
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
 }
 
 /// Little-endian halves to floats, eight at a time with F16C.
@@ -541,10 +642,10 @@ pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         i += 32;
     }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut sum = hsum(v);
+    // the rest one multiply-add at a time, as ggml's compiler contracts `sum += x * y`
+    let mut sum = hsum_ggml(acc);
     for j in full..n {
-        sum += rd_f32(w, 4 * j) * rd_f32(a, 4 * j);
+        sum = rd_f32(w, 4 * j).mul_add(rd_f32(a, 4 * j), sum);
     }
     sum
 }
@@ -566,6 +667,41 @@ pub unsafe fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
         i += 8;
     }
     super::vec::mad_f16_scalar(&mut y[full..n], &x[2 * full..2 * n], v);
+}
+
+/// `y = f16(y + x * v)` rounded once, for `v` an f16 value: [`super::vec::fma_f16_once`] eight
+/// lanes at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mad_f16_once(y: &mut [u16], x: &[u8], v: f32) {
+    let n = y.len().min(x.len() / 2);
+    let full = n / 8 * 8;
+    let vv = _mm256_set1_ps(v);
+    let zero = _mm256_setzero_ps();
+    let one = _mm256_set1_epi32(1);
+    let mut i = 0;
+    while i < full {
+        let py = y.as_mut_ptr().add(i) as *mut __m128i;
+        let yf = _mm256_cvtph_ps(_mm_loadu_si128(py));
+        let xf = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i) as *const __m128i));
+        let p = _mm256_mul_ps(xf, vv);
+        let s = _mm256_add_ps(yf, p);
+        let bb = _mm256_sub_ps(s, yf);
+        let e = _mm256_add_ps(
+            _mm256_sub_ps(yf, _mm256_sub_ps(s, bb)),
+            _mm256_sub_ps(p, bb),
+        );
+        let sb = _mm256_castps_si256(s);
+        let eb = _mm256_castps_si256(e);
+        let inexact = _mm256_castps_si256(_mm256_cmp_ps(e, zero, _CMP_NEQ_OQ));
+        let even = _mm256_cmpeq_epi32(_mm256_and_si256(sb, one), _mm256_setzero_si256());
+        // +1 (away from zero) where the error has the sum's sign, -1 where not
+        let step = _mm256_or_si256(_mm256_srai_epi32(_mm256_xor_si256(sb, eb), 31), one);
+        let odd = _mm256_add_epi32(sb, _mm256_and_si256(step, _mm256_and_si256(inexact, even)));
+        let r = _mm256_castsi256_ps(odd);
+        _mm_storeu_si128(py, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+        i += 8;
+    }
+    super::vec::mad_f16_once_scalar(&mut y[full..n], &x[2 * full..2 * n], v);
 }
 
 /// `y = f16(y * v)` elementwise.

@@ -1,17 +1,18 @@
 //! AVX-512 VNNI dot products: the k-quants decode leans on (Q4_K, Q5_K against Q8_K), where one
 //! `vpdpbusd` multiplies 64 weight nibbles by 64 activation bytes and sums them in fours, and the
 //! Q8_0 family (Q4_0, Q5_0, Q8_0, MXFP4), where a 256-bit `vpdpbusd` replaces AVX2's
-//! multiply-add pair. The results equal the AVX2 kernels'
-//! bit for bit (the same eight integer lane sums per block, the same float steps), so a machine's
-//! tokens do not depend on which of the two it runs. Each function is `unsafe`
-//! only because the caller must have detected avx512f, avx512bw and avx512vnni;
-//! [`super::dot::kernel`] does that once.
+//! multiply-add pair. The quantized results equal the AVX2 kernels' bit for bit (the same eight
+//! integer lane sums per block, the same float steps), as ggml's do: its x86 quantized products
+//! are the same code in both builds. Its F16 and F32 products are not: built for AVX-512 they sum
+//! sixteen lanes per register in another order, so [`f16_f16`] and [`f32_f32`] follow that build.
+//! Each function is `unsafe` only because the caller must have detected avx512f, avx512bw and
+//! avx512vnni; [`super::dot::kernel`] does that once.
 
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    e8m0_scales, f16_scales, hsum, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family, q8_0_family4,
-    q8_0_family_tile, q8_0_kernels, q8_0_qs, rd_f16_pair,
+    e8m0_scales, f16_scales, hsum, hsum_epi32, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family,
+    q8_0_family4, q8_0_family_tile, q8_0_kernels, q8_0_qs, rd_f16_pair, KFloat,
 };
 use super::quant::{Q8_K_BYTES, QK_K};
 
@@ -43,6 +44,8 @@ pub fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// activations: each block's nibbles, fifth bits and scales are decoded once for the `R` rows
 /// (four in prompt products, where the decode was most of a block's work). Each row's result is
 /// the same with any `R`: the same integer lanes and float steps per row, in the same order.
+/// The float steps per type are those of the AVX2 kernel (`super::avx2::qk_4_5` says why Q4_K's
+/// differ from Q5_K's).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn qk_4_5<const R: usize>(
@@ -51,11 +54,13 @@ unsafe fn qk_4_5<const R: usize>(
     wb: usize,
     a: [&[u8]; R],
     five: bool,
+    order: KFloat,
 ) -> [f32; R] {
     let nb = n / QK_K;
     assert!(w.len() >= nb * wb && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_m = [0.0f32; R];
+    let mut acc_s = [0.0f32; R];
     let low4 = _mm256_set1_epi8(0x0f);
     // lanes 0-7 of a chunk's product belong to its even sub-block, 8-15 to its odd one
     let mut pick = [_mm512_setzero_si512(); 4];
@@ -111,7 +116,25 @@ unsafe fn qk_4_5<const R: usize>(
             for c in 0..4 {
                 let x = _mm512_loadu_si512(ba.add(4 + 64 * c) as *const __m512i);
                 let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], x);
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dots, chunk_scales[c]));
+                let pair = _mm512_mullo_epi32(dots, chunk_scales[c]);
+                if order == KFloat::Pairs {
+                    // this pair of sub-blocks' integers, then its two float steps
+                    let p8 = _mm256_add_epi32(
+                        _mm512_castsi512_si256(pair),
+                        _mm512_extracti64x4_epi64(pair, 1),
+                    );
+                    let sub = |j: usize| {
+                        let at = 4 + QK_K + 4 * j;
+                        i16::from_le_bytes(*(ba.add(at) as *const [u8; 2])) as i32
+                            + i16::from_le_bytes(*(ba.add(at + 2) as *const [u8; 2])) as i32
+                    };
+                    let pair_m =
+                        mn[2 * c] as i32 * sub(2 * c) + mn[2 * c + 1] as i32 * sub(2 * c + 1);
+                    acc_s[r] = (hsum_epi32(p8) as f32).mul_add(d, acc_s[r]);
+                    acc_m[r] = (pair_m as f32).mul_add(dmin, acc_m[r]);
+                } else {
+                    sumi = _mm512_add_epi32(sumi, pair);
+                }
             }
             // lanes i and 8 + i are the two halves of the AVX2 kernel's lane i: folded, the
             // block's eight integer sums and everything after them equal that kernel's bit for bit
@@ -119,31 +142,61 @@ unsafe fn qk_4_5<const R: usize>(
                 _mm512_castsi512_si256(sumi),
                 _mm512_extracti64x4_epi64(sumi, 1),
             );
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc[r]);
-            acc_m[r] += dmin * summ as f32;
+            match order {
+                KFloat::Lanes => {
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc[r]);
+                    acc_m[r] += dmin * summ as f32;
+                }
+                KFloat::Blocks => {
+                    acc_s[r] = (hsum_epi32(s8) as f32).mul_add(d, acc_s[r]);
+                    acc_m[r] = (summ as f32).mul_add(dmin, acc_m[r]);
+                }
+                KFloat::Tiled => {
+                    let res = (-dminw).mul_add(summ as f32, hsum_epi32(s8) as f32 * dw);
+                    acc_s[r] = res.mul_add(da, acc_s[r]);
+                }
+                KFloat::Pairs => {}
+            }
         }
     }
-    std::array::from_fn(|r| hsum(acc[r]) - acc_m[r])
+    match order {
+        KFloat::Lanes => std::array::from_fn(|r| hsum(acc[r]) - acc_m[r]),
+        KFloat::Blocks | KFloat::Pairs => std::array::from_fn(|r| acc_s[r] - acc_m[r]),
+        KFloat::Tiled => acc_s,
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q4_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-    qk_4_5(n, w, 144, a, false)
+    qk_4_5(n, w, 144, a, false, KFloat::Pairs)
+}
+
+/// Four Q4_K rows each summed as the one-row kernel sums it ([`KFloat::Blocks`]): ggml's expert
+/// products run every row through its one-row kernel.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q4_k_q8_k_x4_blocks(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    qk_4_5(n, w, 144, a, false, KFloat::Blocks)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q5_k_q8_k_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-    qk_4_5(n, w, 176, a, true)
+    qk_4_5(n, w, 176, a, true, KFloat::Lanes)
+}
+
+/// Four Q5_K rows as ggml's tiled product sums them ([`KFloat::Tiled`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q5_k_q8_k_tiled_x4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    qk_4_5(n, w, 176, a, true, KFloat::Tiled)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    qk_4_5(n, w, 144, [a], false)[0]
+    qk_4_5(n, w, 144, [a], false, KFloat::Blocks)[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    qk_4_5(n, w, 176, [a], true)[0]
+    qk_4_5(n, w, 176, [a], true, KFloat::Lanes)[0]
 }
 
 /// Unsigned bytes times signed bytes summed in fours: the same eight lanes as AVX2's
@@ -155,6 +208,73 @@ unsafe fn dpbusd(ax: __m256i, sy: __m256i) -> __m256i {
 }
 
 q8_0_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl", dpbusd);
+
+/// ggml's F16 dot product as built for AVX-512: four accumulators of sixteen f32 lanes, 64
+/// elements a step, reduced as [`hsum512_ggml`] does, the rest added in f64.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub unsafe fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let full = n / 64 * 64;
+    let mut i = 0;
+    while i < full {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let at = 2 * (i + 16 * k);
+            let x = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(at) as *const __m256i));
+            let y = _mm512_cvtph_ps(_mm256_loadu_si256(a.as_ptr().add(at) as *const __m256i));
+            *s = _mm512_fmadd_ps(x, y, *s);
+        }
+        i += 64;
+    }
+    let mut sum = hsum512_ggml(acc) as f64;
+    for j in full..n {
+        let h = |b: &[u8]| {
+            crate::model::quants::f16_to_f32(u16::from_le_bytes([b[2 * j], b[2 * j + 1]]))
+        };
+        sum += (h(w) * h(a)) as f64;
+    }
+    sum as f32
+}
+
+/// ggml's F32 dot product as built for AVX-512 (the layout of [`f16_f16`]); the rest one
+/// multiply-add at a time in f32.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let full = n / 64 * 64;
+    let mut i = 0;
+    while i < full {
+        for (k, s) in acc.iter_mut().enumerate() {
+            let at = 4 * (i + 16 * k);
+            let x = _mm512_loadu_ps(w.as_ptr().add(at) as *const f32);
+            let y = _mm512_loadu_ps(a.as_ptr().add(at) as *const f32);
+            *s = _mm512_fmadd_ps(x, y, *s);
+        }
+        i += 64;
+    }
+    let mut sum = hsum512_ggml(acc);
+    let rd = |b: &[u8], j: usize| {
+        f32::from_le_bytes([b[4 * j], b[4 * j + 1], b[4 * j + 2], b[4 * j + 3]])
+    };
+    for j in full..n {
+        sum = rd(w, j).mul_add(rd(a, j), sum);
+    }
+    sum
+}
+
+/// ggml's `GGML_F32x16_REDUCE`: the accumulators summed (0 + 2, 1 + 3), then those two, then the
+/// lanes halved down to one (256-bit halves, 128-bit halves, then lanes (0 + 2) + (1 + 3)), as
+/// `_mm512_reduce_add_ps` does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn hsum512_ggml(acc: [__m512; 4]) -> f32 {
+    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    let t3 = _mm256_add_ps(lo, hi);
+    let t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps(t3, 1));
+    let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+    _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
+}
 
 #[cfg(test)]
 mod tests {

@@ -97,8 +97,60 @@ fn kernel_for(isa: Isa, w: GgmlType) -> Option<DotFn> {
 }
 
 /// The four-row kernel for weights of type `w`, where this CPU's one-row kernel has one.
+///
+/// Its results equal the one-row kernel's for every type but Q4_K, whose four rows are summed
+/// as ggml's repacked four-row kernel sums them (`avx2::KFloat::Pairs`): ggml runs a
+/// product's rows in fours through that kernel and the rest one at a time, and [`super::matmul`]
+/// splits them the same way.
 pub fn kernel4(w: GgmlType) -> Option<DotFn4> {
     kernel4_for(isa(), w)
+}
+
+/// How many activation rows make ggml take its tiled K-quant product (`GGML_CPU_TILED_MM`) for
+/// Q5_K and Q6_K weights, which sums in another order ([`kernel_batched`]).
+pub const TILED_MIN_ROWS: usize = 8;
+
+/// The one-row and four-row kernels for a product of [`TILED_MIN_ROWS`] or more activation rows
+/// where ggml's result differs from its row-by-row kernel's (Q5_K and Q6_K, at the AVX2 level and
+/// above: `avx2::KFloat::Tiled`); `None`: the usual kernels.
+pub fn kernel_batched(w: GgmlType) -> Option<(DotFn, Option<DotFn4>)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{avx2, avx512};
+        // SAFETY (all): each kernel is reached only at the level `isa()` detected.
+        return match (isa(), w) {
+            (Isa::Scalar, _) => None,
+            (_, GgmlType::Q6K) => Some((
+                |n, w, a| unsafe { avx2::q6_k_q8_k_tiled(n, w, a) },
+                Some(|n, w, a| unsafe { avx2::q6_k_q8_k_tiled_x4(n, w, a) }),
+            )),
+            (Isa::Avx512Vnni, GgmlType::Q5K) => Some((
+                |n, w, a| unsafe { avx2::q5_k_q8_k_tiled(n, w, a) },
+                Some(|n, w, a| unsafe { avx512::q5_k_q8_k_tiled_x4(n, w, a) }),
+            )),
+            (_, GgmlType::Q5K) => Some((|n, w, a| unsafe { avx2::q5_k_q8_k_tiled(n, w, a) }, None)),
+            _ => None,
+        };
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = w;
+        None
+    }
+}
+
+/// A four-row kernel whose results equal the one-row kernel's for every type (expert products:
+/// ggml runs each of their rows through its one-row kernel).
+pub fn kernel4_rowwise(w: GgmlType) -> Option<DotFn4> {
+    match (isa(), w) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only reached when `isa()` detected the AVX-512 VNNI level.
+        (Isa::Avx512Vnni, GgmlType::Q4K) => {
+            Some(|n, w, a| unsafe { super::avx512::q4_k_q8_k_x4_blocks(n, w, a) })
+        }
+        (_, GgmlType::Q4K) => None,
+        _ => kernel4(w),
+    }
 }
 
 fn kernel4_for(isa: Isa, w: GgmlType) -> Option<DotFn4> {
@@ -181,6 +233,8 @@ fn simd_kernel4(w: GgmlType) -> Option<DotFn4> {
         Q8_0 => |n, w, a| unsafe { avx2::q8_0_q8_0_x4(n, w, a) },
         Mxfp4 => |n, w, a| unsafe { avx2::mxfp4_q8_0_x4(n, w, a) },
         Q6K => |n, w, a| unsafe { avx2::q6_k_q8_k_x4(n, w, a) },
+        // no shared decode here: the four rows' float steps, as ggml's four-row kernel takes them
+        Q4K => |n, w, a| a.map(|a| unsafe { avx2::q4_k_q8_k_pairs(n, w, a) }),
         _ => return None,
     })
 }
@@ -216,6 +270,8 @@ fn vnni_kernel(w: GgmlType) -> Option<DotFn> {
     // SAFETY (all): only reached when `isa()` detected avx512f, avx512bw and avx512vnni besides
     // avx2, fma and f16c.
     Some(match w {
+        F32 => |n, w, a| unsafe { avx512::f32_f32(n, w, a) },
+        F16 => |n, w, a| unsafe { avx512::f16_f16(n, w, a) },
         Q4K => |n, w, a| unsafe { avx512::q4_k_q8_k(n, w, a) },
         Q5K => |n, w, a| unsafe { avx512::q5_k_q8_k(n, w, a) },
         Q4_0 => |n, w, a| unsafe { avx512::q4_0_q8_0(n, w, a) },
@@ -370,14 +426,16 @@ mod tests {
             let acts = random_acts(ty, n, 4, 2.0, &mut rng);
             for level in simd_levels() {
                 let Some(four) = kernel4_for(level, ty) else {
-                    // the K-quants have four-row kernels at the VNNI level only
-                    assert!(
-                        matches!(ty, Q4K | Q5K) && level == Isa::Avx2,
-                        "{ty} {level:?}"
-                    );
+                    // Q5_K has a four-row kernel at the VNNI level only
+                    assert!(ty == Q5K && level == Isa::Avx2, "{ty} {level:?}");
                     continue;
                 };
-                let one = kernel_for(level, ty).unwrap();
+                // Q4_K's four rows follow ggml's four-row kernel (see `kernel4`)
+                let one: DotFn = if ty == Q4K {
+                    |n, w, a| unsafe { super::super::avx2::q4_k_q8_k_pairs(n, w, a) }
+                } else {
+                    kernel_for(level, ty).unwrap()
+                };
                 let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
                 for (j, a) in acts.iter().enumerate() {
                     let want = one(n, &w, a);
@@ -487,6 +545,51 @@ mod tests {
                     (reference - fast).abs() <= tol,
                     "{ty} {level:?}: scalar {reference} simd {fast}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn rowwise_four_row_kernels_equal_one_row_kernels_bit_for_bit() {
+        use GgmlType::*;
+        let mut rng = Rng(0x0005_eed0_f4e4);
+        for ty in [Q4K, Q5K, Q4_0, Q8_0] {
+            let n = 1024;
+            let w = random_weights(ty, n, &mut rng);
+            let acts = random_acts(ty, n, 4, 2.0, &mut rng);
+            let Some(four) = kernel4_rowwise(ty) else {
+                continue;
+            };
+            let one = kernel(ty).unwrap();
+            let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            for (j, a) in acts.iter().enumerate() {
+                assert_eq!(got[j].to_bits(), one(n, &w, a).to_bits(), "{ty} row {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn batched_kernels_agree_in_every_width() {
+        use GgmlType::*;
+        let mut rng = Rng(0x0ba7_c4ed);
+        for ty in [Q5K, Q6K] {
+            let n = 1024;
+            let w = random_weights(ty, n, &mut rng);
+            let acts = random_acts(ty, n, 4, 2.0, &mut rng);
+            let Some((one, four)) = kernel_batched(ty) else {
+                continue;
+            };
+            let usual = kernel(ty).unwrap();
+            if let Some(four) = four {
+                let got = four(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                for (j, a) in acts.iter().enumerate() {
+                    assert_eq!(got[j].to_bits(), one(n, &w, a).to_bits(), "{ty} row {j}");
+                }
+            }
+            // the same product, summed in another order
+            for a in &acts {
+                let (x, y) = (one(n, &w, a), usual(n, &w, a));
+                assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{ty}: {x} {y}");
             }
         }
     }

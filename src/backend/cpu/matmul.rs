@@ -3,7 +3,10 @@
 //! the weight type's `vec_dot_type`; threads split the weight rows, and each thread walks a small
 //! tile of rows across every token so the weights are read from memory once per batch.
 
-use super::dot::{kernel, kernel4, kernel_tile, DotFn, DotFn4, DotTile};
+use super::dot::{
+    kernel, kernel4, kernel4_rowwise, kernel_batched, kernel_tile, DotFn, DotFn4, DotTile,
+    TILED_MIN_ROWS,
+};
 use super::pool::{split_range, SyncPtr, ThreadPool};
 use super::quant::{act_row_bytes, quantize_act};
 use crate::model::quants::vec_dot_type;
@@ -123,8 +126,11 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     assert_eq!(act.cols, w.cols, "activation width");
     assert!(out.len() >= act.n * w.rows, "output holds n x rows");
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
-    let dot4 = kernel4(w.ty);
-    let tile = kernel_tile(w.ty);
+    let (dot, dot4, tile) = match kernel_batched(w.ty).filter(|_| act.n >= TILED_MIN_ROWS) {
+        // the order ggml sums these types in when the product has this many rows
+        Some((one, four)) => (one, four, None),
+        None => (dot, kernel4(w.ty), kernel_tile(w.ty)),
+    };
     let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
         let (r0, r1) = split_range(w.rows, ith, nth, ROW_TILE);
@@ -181,7 +187,8 @@ pub struct Group {
 /// row, `out[(g.out + j) * rows_per + r] = dot(w.row(g.block * rows_per + r), act.row(g.rows[j]))`.
 /// Every group's tiles of rows go to the threads in one pass, dealt by cost (tokens times rows),
 /// and each tile runs its tokens four at a time through the four-row kernel where the type has
-/// one; the results equal [`matmul`] of each group's rows bit for bit.
+/// one that sums each row as the one-row kernel does (ggml's expert products run every row
+/// through its one-row kernel).
 pub fn matmul_groups(
     pool: &ThreadPool,
     w: &QMat,
@@ -262,7 +269,12 @@ pub unsafe fn group_tile(
     out: SyncPtr<f32>,
 ) {
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
-    let kernels = (dot, kernel4(w.ty));
+    // as ggml's expert products: an expert with enough rows takes the batched order, the others
+    // sum every row as the one-row kernel does
+    let kernels = match kernel_batched(w.ty).filter(|_| g.rows.len() >= TILED_MIN_ROWS) {
+        Some(k) => k,
+        None => (dot, kernel4_rowwise(w.ty)),
+    };
     for r in r0..r1 {
         row_dots(
             kernels,
@@ -276,7 +288,8 @@ pub unsafe fn group_tile(
 }
 
 /// One weight row `wr` against the activation rows `row(0..m)`, four at a time through the
-/// four-row kernel where the type has one (the same bits as one at a time); `put(j, v)` takes
+/// four-row kernel where the type has one (the same bits as one at a time, but for Q4_K's
+/// [`kernel4`]); `put(j, v)` takes
 /// the `j`th result.
 #[inline]
 fn row_dots<'a>(
@@ -364,7 +377,8 @@ fn prefetch_row(row: &[u8]) {
 /// weight rows by four tokens go through the tile kernel where the type has one (sixteen sums in
 /// registers: each weight block decoded once for four tokens, each activation block loaded once
 /// for four rows); the remaining tokens four at a time through the four-row kernel where the
-/// type has one, the rest one at a time. All give the same bits.
+/// type has one, the rest one at a time, as ggml splits a product's rows. All give the same bits
+/// but for Q4_K, whose rows in fours are summed as ggml's four-row kernel sums them.
 unsafe fn tile_loop(
     (dot, dot4, tile): (DotFn, Option<DotFn4>, Option<DotTile>),
     w: &QMat,

@@ -1,7 +1,64 @@
 //! Elementwise helpers on half-precision vectors for attention, dispatched like the dot kernels.
+//!
+//! ggml's flash attention keeps its V accumulator in f16. How it rounds depends on the CPU it
+//! was built for: without AVX512-FP16 each multiply-add runs in f32 and is rounded to f16; built
+//! natively for a CPU with AVX512-FP16 (Sapphire Rapids and later) it runs in f16 itself, the
+//! factor rounded to f16 first and each multiply-add rounded once, in blocks of 128 elements
+//! (the rest as without). [`half_arith`] says which one this machine's upstream does.
+
+use std::sync::OnceLock;
 
 use super::dot::{isa, Isa};
 use crate::model::quants::{f16_to_f32, f32_to_f16};
+
+/// Elements per block of ggml's f16 loops (`GGML_F16_STEP` with AVX512-FP16); the rest of a row
+/// takes the f32 route.
+pub const HALF_STEP: usize = 128;
+
+/// Whether the f16 accumulator does its arithmetic in f16 here: AVX-512 kernels in use (not
+/// capped by `BLOOMERY_CPU_ISA`) on a CPU with AVX512-FP16.
+pub fn half_arith() -> bool {
+    static HALF: OnceLock<bool> = OnceLock::new();
+    *HALF.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            isa() == Isa::Avx512Vnni && is_x86_feature_detected!("avx512fp16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// `f16(y + x * v)` rounded once, as an f16 fused multiply-add does, for `x` and `v` that are f16
+/// values: `x * v` is exact in f32 (two 11-bit significands), the sum's rounding error is
+/// recovered exactly (two-sum) and folded into the last bit (round to odd), so the rounding to
+/// f16 is the only one that counts.
+#[inline]
+pub fn fma_f16_once(y: f32, x: f32, v: f32) -> u16 {
+    let p = x * v;
+    let s = y + p;
+    let bb = s - y;
+    let e = (y - (s - bb)) + (p - bb);
+    let mut bits = s.to_bits();
+    if e != 0.0 && bits & 1 == 0 {
+        if (e > 0.0) == (s > 0.0) {
+            bits += 1;
+        } else {
+            bits -= 1;
+        }
+    }
+    f32_to_f16(f32::from_bits(bits))
+}
+
+/// [`fma_f16_once`] over a row; `v` is already an f16 value.
+pub fn mad_f16_once_scalar(y: &mut [u16], x: &[u8], v: f32) {
+    for (a, b) in y.iter_mut().zip(x.chunks_exact(2)) {
+        let b = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        *a = fma_f16_once(f16_to_f32(*a), b, v);
+    }
+}
 
 /// `x` holds little-endian halves.
 pub fn mad_f16_scalar(y: &mut [u16], x: &[u8], v: f32) {
@@ -17,8 +74,26 @@ pub fn scale_f16_scalar(y: &mut [u16], v: f32) {
     }
 }
 
-/// `y = f16(y + x * v)`, one rounding per element.
+/// `y = f16(y + x * v)` as this machine's upstream computes it (see the module comment).
 pub fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
+    if half_arith() {
+        let n = y.len().min(x.len() / 2);
+        let np = n / HALF_STEP * HALF_STEP;
+        let vh = f16_to_f32(f32_to_f16(v));
+        let (head, tail) = y[..n].split_at_mut(np);
+        match isa() {
+            // SAFETY: the features were detected.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512Vnni => unsafe { super::avx2::mad_f16_once(head, x, vh) },
+            _ => mad_f16_once_scalar(head, x, vh),
+        }
+        return mad_f16_f32(tail, &x[2 * np..], v);
+    }
+    mad_f16_f32(y, x, v)
+}
+
+/// `y = f16(y + x * v)` through f32: a fused multiply-add in f32, then rounded to f16.
+fn mad_f16_f32(y: &mut [u16], x: &[u8], v: f32) {
     match isa() {
         // SAFETY: the features were detected.
         #[cfg(target_arch = "x86_64")]
@@ -27,8 +102,20 @@ pub fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
     }
 }
 
-/// `y = f16(y * v)`.
+/// `y = f16(y * v)` as this machine's upstream computes it: in f16 arithmetic the factor is
+/// rounded to f16 first (the product of two f16 values is exact in f32, so rounding it once to f16
+/// is what an f16 multiply gives).
 pub fn scale_f16(y: &mut [u16], v: f32) {
+    if half_arith() {
+        let np = y.len() / HALF_STEP * HALF_STEP;
+        let (head, tail) = y.split_at_mut(np);
+        scale_f16_f32(head, f16_to_f32(f32_to_f16(v)));
+        return scale_f16_f32(tail, v);
+    }
+    scale_f16_f32(y, v)
+}
+
+fn scale_f16_f32(y: &mut [u16], v: f32) {
     match isa() {
         // SAFETY: the features were detected.
         #[cfg(target_arch = "x86_64")]
@@ -64,10 +151,10 @@ mod tests {
             .map(|i| f32_to_f16(i as f32 * -0.11 + 1.0))
             .collect();
         let mut b = a.clone();
-        mad_f16(&mut a, &x, 0.3);
+        mad_f16_f32(&mut a, &x, 0.3);
         mad_f16_scalar(&mut b, &x, 0.3);
         assert_eq!(a, b);
-        scale_f16(&mut a, 0.7);
+        scale_f16_f32(&mut a, 0.7);
         scale_f16_scalar(&mut b, 0.7);
         assert_eq!(a, b);
         let mut fast = vec![0.0f32; 37];
@@ -77,6 +164,81 @@ mod tests {
                 f.to_bits(),
                 f16_to_f32(u16::from_le_bytes([h[0], h[1]])).to_bits()
             );
+        }
+    }
+
+    /// The f16 value nearest `r` (ties to the even bit pattern), found by search: the reference
+    /// the round-once multiply-add is held to.
+    fn nearest_f16(r: f64) -> u16 {
+        let guess = f32_to_f16(r as f32);
+        let mut best = guess;
+        for d in [-2i32, -1, 1, 2] {
+            let c = (guess as i32 + d) as u16;
+            if c & 0x7c00 == 0x7c00 || (c ^ guess) & 0x8000 != 0 && c & 0x7fff != 0 {
+                continue;
+            }
+            let (dc, db) = (
+                (f16_to_f32(c) as f64 - r).abs(),
+                (f16_to_f32(best) as f64 - r).abs(),
+            );
+            if dc < db || dc == db && c & 1 == 0 {
+                best = c;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn half_fma_rounds_once() {
+        // exactly below a tie between two halves: f32 alone lands on the tie and rounds to even
+        let (y, x, v) = (
+            1.0 - 2f32.powi(-11),
+            2f32.powi(-12) * (1.0 + 2f32.powi(-10)),
+            1.0 - 2f32.powi(-10),
+        );
+        assert_eq!(f32_to_f16(y + x * v), 0x3c00, "the f32 route rounds twice");
+        assert_eq!(fma_f16_once(y, x, v), 0x3bff);
+        // pseudo-random halves across the range, subnormals and sign changes included
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let h = (state & 0xffff) as u16;
+            if h & 0x7c00 == 0x7c00 {
+                0x3c00
+            } else {
+                h
+            }
+        };
+        for _ in 0..200_000 {
+            let (y, x) = (f16_to_f32(next() & 0xbfff), f16_to_f32(next() & 0xbfff));
+            let v = f16_to_f32(next() & 0xbbff);
+            let exact = y as f64 + x as f64 * v as f64;
+            if exact.abs() > 65504.0 {
+                continue;
+            }
+            assert_eq!(fma_f16_once(y, x, v), nearest_f16(exact), "{y} + {x} * {v}");
+        }
+    }
+
+    #[test]
+    fn half_mad_simd_matches_scalar() {
+        let n = 2 * HALF_STEP + 37;
+        let x: Vec<u8> = (0..n)
+            .flat_map(|i| f32_to_f16((i as f32 * 0.37).sin() * 7.0).to_le_bytes())
+            .collect();
+        let mut a: Vec<u16> = (0..n)
+            .map(|i| f32_to_f16((i as f32 * 0.11).cos() * 90.0))
+            .collect();
+        let mut b = a.clone();
+        let v = f16_to_f32(f32_to_f16(0.0907));
+        #[cfg(target_arch = "x86_64")]
+        if isa() != Isa::Scalar {
+            // SAFETY: the features were detected.
+            unsafe { crate::backend::cpu::avx2::mad_f16_once(&mut a, &x, v) };
+            mad_f16_once_scalar(&mut b, &x, v);
+            assert_eq!(a, b);
         }
     }
 }
