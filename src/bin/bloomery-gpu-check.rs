@@ -139,12 +139,45 @@ fn model_check(path: &Path) -> Result<bool, String> {
             n = top(&g, 1)[0] as u32;
         }
     }
+    // the host prompt cache: sequence 1 saved, overwritten, restored, then continued; the
+    // continuation must equal the one from before it was overwritten
+    let saved_ok = {
+        let at = (n_prompt + own) as u32;
+        let state = gpu.seq_save(1).ok_or("the card saved no sequence")?;
+        let t = prompt[0];
+        let mut b = Batch::default();
+        b.push(t, at, 1, true);
+        let mut before = Vec::new();
+        gpu.decode(&b, &mut before).map_err(|e| e.to_string())?;
+        gpu.seq_rm(1, 0, None);
+        let mut other = Batch::default();
+        for i in 0..at {
+            other.push(prompt[(i as usize * 5 + 3) % n_prompt], i, 1, false);
+        }
+        gpu.decode(&other, &mut Vec::new())
+            .map_err(|e| e.to_string())?;
+        let loaded = gpu.seq_load(1, &state);
+        let mut after = Vec::new();
+        gpu.decode(&b, &mut after).map_err(|e| e.to_string())?;
+        let diff = before
+            .iter()
+            .zip(&after)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        println!(
+            "prompt cache on the card: {} positions saved ({} bytes), restored over others: {loaded}, next logits max |diff| {diff:.2e} -> {}",
+            at,
+            state.bytes,
+            if loaded && diff <= 1e-3 { "ok" } else { "FAIL" }
+        );
+        loaded && diff <= 1e-3
+    };
     let spread = {
         let l = &lc[(n_prompt - 1) * nv..n_prompt * nv];
         let mean = l.iter().sum::<f32>() / nv as f32;
         (l.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / nv as f32).sqrt()
     };
-    let ok = prompt_cmp.ok() && cmp.ok();
+    let ok = prompt_cmp.ok() && cmp.ok() && saved_ok;
     println!(
         "model {} (logit std {spread:.2}): prompt rows {}: max |dlogprob| top-5 {:.4}, argmax misses {} (near ties {}); decode rows {}: max |dlogprob| {:.4}, argmax misses {} (near ties {}); tol {LOGPROB_TOL}; the card's own greedy run equals the CPU's for {own}/{n_gen} tokens; card prompt {n_prompt} tok {:.1} ms, decode {:.2} ms/token -> {}",
         path.display(),

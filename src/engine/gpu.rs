@@ -23,7 +23,7 @@ use super::tier::live::{Live, LiveParams};
 use super::tier::ring::{Ring, RingError, Stage};
 use super::tier::split::{by_use, Split};
 use super::weights::Tensor;
-use super::{Batch, EngineError, EngineParams, Forward, SeqId};
+use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
 use crate::backend::cpu::ThreadPool;
 use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
 use crate::backend::cuda::{
@@ -1762,11 +1762,7 @@ impl Forward for GpuModel {
             log::error!("copying the KV cache of sequence {src} to {dst}: {e}");
             return;
         }
-        let hp = &self.hp;
-        let (kw, vw) = (
-            hp.n_head_kv * hp.head_dim_k * 2,
-            hp.n_head_kv * hp.head_dim_v * 2,
-        );
+        let (kw, vw) = self.kv_row_bytes();
         for l in &self.layers {
             for (buf, w) in [(&l.k_cache, kw), (&l.v_cache, vw)] {
                 let (from, to) = (
@@ -1781,6 +1777,91 @@ impl Forward for GpuModel {
             }
         }
         self.seq_len[dst] = n as u32;
+    }
+
+    fn seq_save(&self, seq: SeqId) -> Option<SeqState> {
+        let s = seq as usize;
+        let n = *self.seq_len.get(s)? as usize;
+        if n == 0 {
+            return None;
+        }
+        if let Err(e) = self.cuda.gpu.bind() {
+            log::error!("saving the KV cache of sequence {s}: {e}");
+            return None;
+        }
+        let (kw, vw) = self.kv_row_bytes();
+        let mut rows = Vec::with_capacity(2 * self.layers.len());
+        for l in &self.layers {
+            for (buf, w) in [(&l.k_cache, kw), (&l.v_cache, vw)] {
+                let mut host = vec![0u8; n * w];
+                if let Err(e) = self
+                    .cuda
+                    .gpu
+                    .download(&mut host, buf.at(s * self.n_ctx_seq * w))
+                {
+                    log::error!("saving the KV cache of sequence {s}: {e}");
+                    return None;
+                }
+                rows.push(host);
+            }
+        }
+        let bytes = rows.iter().map(Vec::len).sum();
+        Some(SeqState::new(SavedSeq { n, rows }, bytes))
+    }
+
+    fn seq_load(&mut self, seq: SeqId, state: &SeqState) -> bool {
+        let s = seq as usize;
+        let Some(saved) = state.get::<SavedSeq>() else {
+            return false;
+        };
+        let (kw, vw) = self.kv_row_bytes();
+        let fits = s < self.seq_len.len()
+            && saved.n <= self.n_ctx_seq
+            && saved.rows.len() == 2 * self.layers.len()
+            && saved
+                .rows
+                .chunks(2)
+                .all(|kv| kv[0].len() == saved.n * kw && kv[1].len() == saved.n * vw);
+        if !fits {
+            return false;
+        }
+        if let Err(e) = self.cuda.gpu.bind() {
+            log::error!("restoring the KV cache of sequence {s}: {e}");
+            return false;
+        }
+        self.seq_len[s] = 0;
+        for (l, kv) in self.layers.iter().zip(saved.rows.chunks(2)) {
+            for (buf, w, host) in [(&l.k_cache, kw, &kv[0]), (&l.v_cache, vw, &kv[1])] {
+                if let Err(e) = self.cuda.gpu.upload(buf.at(s * self.n_ctx_seq * w), host) {
+                    log::error!("restoring the KV cache of sequence {s}: {e}");
+                    return false;
+                }
+            }
+        }
+        // the uploads read the saved rows, which the caller may drop once this returns
+        if let Err(e) = self.cuda.gpu.sync() {
+            log::error!("restoring the KV cache of sequence {s}: {e}");
+            return false;
+        }
+        self.seq_len[s] = saved.n as u32;
+        true
+    }
+}
+
+/// A sequence's KV rows copied to the host (the prompt cache): per layer K then V, `n` rows.
+struct SavedSeq {
+    n: usize,
+    rows: Vec<Vec<u8>>,
+}
+
+impl GpuModel {
+    /// Bytes of one cached position's K and V rows in a layer (f16).
+    fn kv_row_bytes(&self) -> (usize, usize) {
+        let hp = &self.hp;
+        (
+            hp.n_head_kv * hp.head_dim_k * 2,
+            hp.n_head_kv * hp.head_dim_v * 2,
+        )
     }
 }
 
