@@ -11,7 +11,7 @@ use crate::model::quants::f16_to_f32;
 /// was most of a Q8_0 block's cost).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rd_f16(b: &[u8], at: usize) -> f32 {
+pub(super) unsafe fn rd_f16(b: &[u8], at: usize) -> f32 {
     let h = u16::from_le_bytes([b[at], b[at + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
@@ -346,7 +346,7 @@ fn bsums(a: &[u8]) -> [i32; 16] {
 }
 
 #[inline]
-fn rd_f32(b: &[u8], at: usize) -> f32 {
+pub(super) fn rd_f32(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 

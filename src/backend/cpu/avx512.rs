@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{
     e8m0_scales, f16_scales, hsum, hsum_epi32, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family,
-    q8_0_family4, q8_0_family_tile, q8_0_kernels, q8_0_qs, rd_f16_pair, KFloat,
+    q8_0_family4, q8_0_family_tile, q8_0_kernels, q8_0_qs, rd_f16, rd_f16_pair, rd_f32, KFloat,
 };
 use super::quant::{Q8_K_BYTES, QK_K};
 
@@ -108,10 +108,7 @@ unsafe fn qk_4_5<const R: usize>(
             // mins times the activations' sub-block sums (pairs of the 16 stored i16 sums)
             let bsums = _mm256_loadu_si256(ba.add(4 + QK_K) as *const __m256i);
             let sub_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-            let mm = _mm256_mullo_epi32(sub_sums, mins);
-            let mm = _mm_add_epi32(_mm256_castsi256_si128(mm), _mm256_extracti128_si256(mm, 1));
-            let mm = _mm_add_epi32(mm, _mm_unpackhi_epi64(mm, mm));
-            let summ = _mm_cvtsi128_si32(_mm_add_epi32(mm, _mm_shuffle_epi32(mm, 1)));
+            let summ = hsum_epi32(_mm256_mullo_epi32(sub_sums, mins));
             let mut sumi = _mm512_setzero_si512();
             for c in 0..4 {
                 let x = _mm512_loadu_si512(ba.add(4 + 64 * c) as *const __m512i);
@@ -123,13 +120,9 @@ unsafe fn qk_4_5<const R: usize>(
                         _mm512_castsi512_si256(pair),
                         _mm512_extracti64x4_epi64(pair, 1),
                     );
-                    let sub = |j: usize| {
-                        let at = 4 + QK_K + 4 * j;
-                        i16::from_le_bytes(*(ba.add(at) as *const [u8; 2])) as i32
-                            + i16::from_le_bytes(*(ba.add(at + 2) as *const [u8; 2])) as i32
-                    };
+                    let sub: [i32; 8] = std::mem::transmute(sub_sums);
                     let pair_m =
-                        mn[2 * c] as i32 * sub(2 * c) + mn[2 * c + 1] as i32 * sub(2 * c + 1);
+                        mn[2 * c] as i32 * sub[2 * c] + mn[2 * c + 1] as i32 * sub[2 * c + 1];
                     acc_s[r] = (hsum_epi32(p8) as f32).mul_add(d, acc_s[r]);
                     acc_m[r] = (pair_m as f32).mul_add(dmin, acc_m[r]);
                 } else {
@@ -227,10 +220,7 @@ pub unsafe fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
     let mut sum = hsum512_ggml(acc) as f64;
     for j in full..n {
-        let h = |b: &[u8]| {
-            crate::model::quants::f16_to_f32(u16::from_le_bytes([b[2 * j], b[2 * j + 1]]))
-        };
-        sum += (h(w) * h(a)) as f64;
+        sum += (rd_f16(w, 2 * j) * rd_f16(a, 2 * j)) as f64;
     }
     sum as f32
 }
@@ -252,11 +242,8 @@ pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
         i += 64;
     }
     let mut sum = hsum512_ggml(acc);
-    let rd = |b: &[u8], j: usize| {
-        f32::from_le_bytes([b[4 * j], b[4 * j + 1], b[4 * j + 2], b[4 * j + 3]])
-    };
     for j in full..n {
-        sum = rd(w, j).mul_add(rd(a, j), sum);
+        sum = rd_f32(w, 4 * j).mul_add(rd_f32(a, 4 * j), sum);
     }
     sum
 }
