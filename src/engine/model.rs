@@ -357,32 +357,6 @@ impl Model {
             matmul(pool, &layer.wo.mat(), &b.attn, n, &mut b.o, &mut b.act);
             add_bias(&mut b.o, layer.bo.as_deref());
             dump::put("attn_wo", Some(il), &b.o, n_embd);
-            if il + 1 == n_layer && wanted.len() < n {
-                if let (Some(heat), Ffn::Moe { router, .. }) = (self.routes.as_mut(), &layer.ffn) {
-                    // counting routes: the rows that stop here are routed all the same, apart
-                    // (so the rows that go on are computed as without counting)
-                    let stop: Vec<usize> = (0..n).filter(|i| !wanted.contains(i)).collect();
-                    let (mut o, mut x) = (b.o.clone(), b.x.clone());
-                    keep_rows(&mut o, &stop, n_embd);
-                    keep_rows(&mut x, &stop, n_embd);
-                    if let Some(w) = &layer.post_attn_norm {
-                        rms_norm_in_place(&mut o, w, hp.eps, n_embd);
-                    }
-                    x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-                    rms_norm_rows(&x, &layer.ffn_norm, hp.eps, n_embd, &mut o);
-                    let (cur, n_stop) = (o, stop.len());
-                    let routes = super::moe::routes_of(pool, hp, router, &cur, n_stop, &mut b.act);
-                    super::moe::record(heat, il as u32, &routes);
-                }
-                // as ggml: past the last attention only the rows whose logits are wanted go on
-                // (which also decides the float order of the products that follow)
-                keep_rows(&mut b.o, &wanted, n_embd);
-                keep_rows(&mut b.x, &wanted, n_embd);
-                rows = wanted.len();
-                if rows == 0 {
-                    return Ok(());
-                }
-            }
             if let Some(w) = &layer.post_attn_norm {
                 rms_norm_in_place(&mut b.o, w, hp.eps, n_embd);
             }
@@ -391,6 +365,26 @@ impl Model {
             dump::put("sa_out", Some(il), &b.x, n_embd);
             rms_norm_rows(&b.x, &layer.ffn_norm, hp.eps, n_embd, &mut b.cur);
             dump::put("ffn_norm", Some(il), &b.cur, n_embd);
+            if il + 1 == n_layer && wanted.len() < n {
+                if let (Some(heat), Ffn::Moe { router, .. }) = (self.routes.as_mut(), &layer.ffn) {
+                    // counting routes: the rows that stop here are routed all the same
+                    let stop: Vec<usize> = (0..n).filter(|i| !wanted.contains(i)).collect();
+                    let mut cur = b.cur.clone();
+                    keep_rows(&mut cur, &stop, n_embd);
+                    let routes =
+                        super::moe::routes_of(pool, hp, router, &cur, stop.len(), &mut b.act);
+                    super::moe::record(heat, il as u32, &routes);
+                }
+                // as ggml: only the rows whose logits are wanted go on into the last FFN (the
+                // norms before it are row by row, so trimming here equals ggml's trim after the
+                // attention; the row count decides the float order of the products that follow)
+                keep_rows(&mut b.cur, &wanted, n_embd);
+                keep_rows(&mut b.x, &wanted, n_embd);
+                rows = wanted.len();
+                if rows == 0 {
+                    return Ok(());
+                }
+            }
             b.ffn.resize(rows * n_embd, 0.0);
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
