@@ -4,6 +4,11 @@ ids `/tokenize` gives (with the BOS the model adds) and the greedy continuation 
 with the top-5 log-probabilities of each step. Those are the softmax of the raw logits
 (`post_sampling_probs` left false), which is what the engine test can compare against its logits.
 
+The short prompts run on one server, one after another. Each long prompt (64 tokens or more: ggml's
+tiled attention; a cache view of 512 cells or more while decoding: its split decode) runs on a
+fresh server, so its cells start at the cache's first cell as the engine's do (upstream places a
+later prompt after an earlier one's cells when they are few).
+
 Usage: scripts/record-engine-goldens.py [--port 18089]
 Writes compat/golden/b11434/engine/gemma3-270m.json.
 """
@@ -40,6 +45,41 @@ PROMPTS = [
     "A list of healthy breakfast ideas:\n1.",
 ]
 
+_STORY = (
+    "The lighthouse keeper had lived alone on the island for eleven years. Every evening he climbed "
+    "the hundred and twelve steps of the tower, trimmed the wick, polished the great lens and wrote "
+    "a line in the logbook: the weather, the ships he had seen, the birds that rested on the rail. "
+    "The supply boat came on the first Monday of each month with flour, lamp oil, letters and "
+    "newspapers that were already three weeks old. He read them slowly, one page each night, so "
+    "that the news would last until the boat returned. "
+)
+_NOTES = (
+    "Meeting notes, infrastructure review. Attendees: Priya (storage), Marcus (networking), Chen "
+    "(databases), Olga (security). 1. The backup cluster in the eastern region ran out of disk on "
+    "Tuesday; Priya moved the cold snapshots to object storage and added an alert at 80 percent. "
+    "2. Marcus reported packet loss between the two load balancers during the firmware upgrade; "
+    "the vendor confirmed a known issue and a patch is scheduled for next week. 3. Chen proposed "
+    "moving the reporting queries to a read replica, which would cut the primary's CPU load by "
+    "roughly a third. Olga asked that the replica use the same encryption keys and audit logging "
+    "as the primary. 4. Open question: who owns the certificate renewals after the reorganization? "
+)
+_CODE = (
+    "import json\nimport sys\nfrom collections import Counter\n\n\n"
+    "def load_events(path):\n    events = []\n    with open(path) as f:\n        for line in f:\n"
+    "            line = line.strip()\n            if not line:\n                continue\n"
+    "            events.append(json.loads(line))\n    return events\n\n\n"
+    "def summarize(events):\n    kinds = Counter(e[\"kind\"] for e in events)\n"
+    "    users = {e[\"user\"] for e in events}\n    return {\"kinds\": dict(kinds), \"users\": len(users)}\n\n\n"
+)
+
+# (prompt, why): long enough for the tiled prompt path, and the longer ones for the split decode
+LONG_PROMPTS = [
+    _STORY + "One night in November, a storm",
+    _NOTES + "Action items:\n-",
+    _CODE + _NOTES + _STORY + _NOTES.replace("Tuesday", "Friday") + _STORY.replace("eleven", "twelve")
+    + "Summary of the above:",
+]
+
 
 def post(port, path, body):
     req = urllib.request.Request(
@@ -65,21 +105,17 @@ def wait_healthy(port, proc):
     sys.exit("llama-server did not become healthy in 300 s")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, default=18089)
-    args = ap.parse_args()
-    server = subprocess.check_output([os.path.join(ROOT, "scripts", "upstream.sh")], text=True).strip()
-    cmd = [server, "-m", MODEL, "--host", "127.0.0.1", "--port", str(args.port)] + SERVER_ARGS
-    log = open(os.path.join(CACHE, "upstream", "record-engine-goldens.log"), "w")
+def record(server, port, prompts, log):
+    """The cases of `prompts`, recorded one after another on one fresh server."""
+    cmd = [server, "-m", MODEL, "--host", "127.0.0.1", "--port", str(port)] + SERVER_ARGS
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    cases = []
     try:
-        wait_healthy(args.port, proc)
-        cases = []
-        for prompt in PROMPTS:
-            ids = post(args.port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+        wait_healthy(port, proc)
+        for prompt in prompts:
+            ids = post(port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
             res = post(
-                args.port,
+                port,
                 "/completion",
                 {
                     "prompt": ids,
@@ -110,6 +146,18 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=18089)
+    args = ap.parse_args()
+    server = subprocess.check_output([os.path.join(ROOT, "scripts", "upstream.sh")], text=True).strip()
+    log = open(os.path.join(CACHE, "upstream", "record-engine-goldens.log"), "w")
+    cases = record(server, args.port, PROMPTS, log)
+    for prompt in LONG_PROMPTS:
+        cases += record(server, args.port, [prompt], log)
     golden = {
         "upstream": "llama-server b11434 (CPU build from scripts/upstream.sh)",
         # ggml's float steps follow the CPU's features; the engine test checks it runs on the same

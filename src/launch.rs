@@ -348,6 +348,8 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
         n_ubatch: cfg.context.ubatch.max(1) as usize,
         type_k: kv_type(&intent.cache_type_k.value),
         type_v: kv_type(&intent.cache_type_v.value),
+        kv_unified: slots(cfg).unified,
+        swa_full: cfg.context.swa_full,
         gpu: None,
         card_experts: None,
     }

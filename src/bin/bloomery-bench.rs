@@ -87,6 +87,8 @@ fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result
         n_ubatch: get("ubatch-size"),
         type_k: GgmlType::F16,
         type_v: GgmlType::F16,
+        kv_unified: false,
+        swa_full: false,
         gpu: None,
         card_experts: None,
     };

@@ -3,12 +3,18 @@
 //! window on SWA layers). The arithmetic follows ggml's CPU flash attention, which upstream's
 //! server uses by default, because its f16 rounding moves logits enough to change greedy tokens:
 //! for small ubatches Q is converted to the K type and the V accumulator is kept in f16; ubatches
-//! of 64 tokens or more (ggml's tiled path) work in f32.
+//! of 64 tokens or more take ggml's tiled path (f32, tiles of 64 queries by 64 cells, one softmax
+//! step per tile); a one-token step over a view of 512 cells or more takes ggml's split path
+//! (the cells divided among the threads, their partial sums combined).
 
 use super::kv::KvCache;
 use super::SeqId;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use crate::backend::cpu::dot::kernel;
-use crate::backend::cpu::pool::{split_range, SyncPtr, ThreadPool};
+use crate::backend::cpu::fa::{gemm_acc, soft_max_row};
+use crate::backend::cpu::pool::{SyncPtr, ThreadPool};
 use crate::backend::cpu::quant::{act_row_bytes, quantize_act};
 use crate::backend::cpu::vec::{f16_to_f32_slice, mad_f16, scale_f16};
 use crate::model::quants::{dequantize, f16_to_f32, vec_dot_type};
@@ -18,7 +24,7 @@ use crate::model::GgmlType;
 pub enum AttnMode {
     /// ggml's one-chunk kernel: Q in the K cache type, f16 V accumulator when V is f16.
     HalfAccum,
-    /// ggml's tiled kernel: everything in f32.
+    /// ggml's tiled kernel: everything in f32 (ubatches of 64 tokens or more, F16/F32 cache).
     Exact,
 }
 
@@ -32,7 +38,16 @@ pub struct AttnShape {
     /// Sliding window (0: none): keys at `p - n_swa` or earlier are hidden from position `p`.
     pub n_swa: u32,
     pub mode: AttnMode,
+    /// Cells upstream's graph attends over in a one-token step (`KvCache::n_kv_view`), 0 for
+    /// other steps: 512 or more takes ggml's split decode path.
+    pub n_kv_view: usize,
 }
+
+/// ggml's tile sizes (`GGML_FA_TILE_Q`, `GGML_FA_TILE_KV`).
+const TILE_Q: usize = 64;
+const TILE_KV: usize = 64;
+/// ggml splits a one-token step's cells among its threads from this view length on.
+const SPLIT_MIN_VIEW: usize = 512;
 
 /// `out[i][h]` = attention of query head `h` of token `i` (at `pos[i]` in `seqs[i]`) over layer
 /// `il` of the cache. `q` holds `n x n_head x head_dim_k` floats.
@@ -47,51 +62,48 @@ pub fn attend(
     q: &[f32],
     out: &mut [f32],
 ) {
-    let n_items = seqs.len() * shape.n_head;
-    // the tiled (f32) path reads every cached row once per query head: convert each sequence's
-    // rows of this layer to f32 once per step instead (the same values: conversion is exact)
-    let mut f32_rows: Vec<(SeqId, Vec<f32>, Vec<f32>)> = Vec::new();
-    if shape.mode == AttnMode::Exact {
-        for &s in seqs {
-            if f32_rows.iter().any(|r| r.0 == s) {
-                continue;
-            }
-            if let Some(cells) = kv.seq(s) {
-                let n = cells.pos.len();
-                let kr = &cells.k[il][..n * kv.k_row];
-                let vr = &cells.v[il][..n * kv.v_row];
-                f32_rows.push((s, to_f32(kv.type_k, kr), to_f32(kv.type_v, vr)));
-            }
-        }
+    let plain = kv.type_k == kv.type_v && matches!(kv.type_k, GgmlType::F16 | GgmlType::F32);
+    if shape.mode == AttnMode::Exact && plain {
+        return attend_tiled(pool, kv, il, shape, seqs, pos, q, out);
     }
+    if seqs.len() == 1 && plain && shape.n_kv_view >= SPLIT_MIN_VIEW {
+        return attend_split(pool, kv, il, shape, (seqs[0], pos[0]), q, out);
+    }
+    let n_items = seqs.len() * shape.n_head;
     let out = SyncPtr::new(out.as_mut_ptr());
-    pool.run(|ith, nth| {
-        let (a, b) = split_range(n_items, ith, nth, 1);
-        let mut scratch = Scratch::default();
-        for item in a..b {
-            let (i, h) = (item / shape.n_head, item % shape.n_head);
-            let hq = &q[item * shape.head_dim_k..(item + 1) * shape.head_dim_k];
-            // SAFETY: each item writes its own head_dim_v floats of `out`.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(
-                    out.get().add(item * shape.head_dim_v),
-                    shape.head_dim_v,
-                )
-            };
-            let rows = f32_rows
-                .iter()
-                .find(|r| r.0 == seqs[i])
-                .map(|r| (&r.1[..], &r.2[..]));
-            one_head(
-                kv,
-                il,
-                shape,
-                (seqs[i], pos[i], h),
-                hq,
-                rows,
-                dst,
-                &mut scratch,
-            );
+    for_each_item(pool, n_items, Scratch::default, |sc, item| {
+        let (i, h) = (item / shape.n_head, item % shape.n_head);
+        let hq = &q[item * shape.head_dim_k..(item + 1) * shape.head_dim_k];
+        // SAFETY: each item writes its own head_dim_v floats of `out`.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(out.get().add(item * shape.head_dim_v), shape.head_dim_v)
+        };
+        let n_cells = kv.len(seqs[i]);
+        let (_, s) = one_head(kv, il, shape, (seqs[i], pos[i], h), hq, 0..n_cells, sc);
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        dst.iter_mut()
+            .zip(&sc.acc32)
+            .for_each(|(d, &a)| *d = a * inv);
+    });
+}
+
+/// Runs `f(scratch, item)` for items `0..n` on the pool's threads, each taking the next item
+/// as it finishes one (the items' costs differ: later queries see more cells), last items
+/// first.
+fn for_each_item<S, I, F>(pool: &ThreadPool, n: usize, init: I, f: F)
+where
+    I: Fn() -> S + Sync,
+    F: Fn(&mut S, usize) + Sync,
+{
+    let next = AtomicUsize::new(0);
+    pool.run(|_, _| {
+        let mut scratch = init();
+        loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= n {
+                break;
+            }
+            f(&mut scratch, n - 1 - k);
         }
     });
 }
@@ -107,79 +119,57 @@ fn to_f32(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     out
 }
 
-/// `v` as the little-endian bytes the f32 dot kernel reads.
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: any f32 is 4 initialized bytes, and u8 has no alignment to keep (this target is
-    // little-endian, as the kernels' byte reads assume).
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) }
-}
-
 #[derive(Default)]
 struct Scratch {
     q_conv: Vec<u8>,
     acc16: Vec<u16>,
+    /// The head's unnormalized output after [`one_head`].
     acc32: Vec<f32>,
+    v32: Vec<f32>,
 }
 
-/// Query head `h` of the token at position `p` of `seq`; `rows` are the sequence's K and V rows
-/// of this layer as floats (the tiled path only).
-#[allow(clippy::too_many_arguments)]
+/// ggml's one-chunk kernel for query head `h` of the token at `p` in `seq` over the cells
+/// `cells` of its sequence: leaves the unnormalized output in `sc.acc32` and returns the running
+/// maximum and sum `(M, S)`.
 fn one_head(
     kv: &KvCache,
     il: usize,
     shape: &AttnShape,
     (seq, p, h): (SeqId, u32, usize),
     hq: &[f32],
-    rows: Option<(&[f32], &[f32])>,
-    dst: &mut [f32],
+    range: std::ops::Range<usize>,
     sc: &mut Scratch,
-) {
+) -> (f32, f32) {
     let (dk, dv) = (shape.head_dim_k, shape.head_dim_v);
     let kvh = h / (shape.n_head / shape.n_head_kv);
+    sc.acc32.clear();
+    sc.acc32.resize(dv, 0.0);
     let Some(cells) = kv.seq(seq) else {
-        dst.fill(0.0);
-        return;
+        return (f32::NEG_INFINITY, 0.0);
     };
     let kb = kv.k_row / shape.n_head_kv;
     let vb = kv.v_row / shape.n_head_kv;
     let k_rows = &cells.k[il];
     let v_rows = &cells.v[il];
-    let half_v = shape.mode == AttnMode::HalfAccum && kv.type_v == GgmlType::F16;
-    let (q_ty, kdot) = match shape.mode {
-        AttnMode::HalfAccum => (
-            vec_dot_type(kv.type_k),
-            kernel(kv.type_k).expect("cache types are checked at load"),
-        ),
-        AttnMode::Exact => (GgmlType::F32, kernel(GgmlType::F32).expect("f32 kernel")),
-    };
+    let half_v = kv.type_v == GgmlType::F16;
+    let q_ty = vec_dot_type(kv.type_k);
+    let kdot = kernel(kv.type_k).expect("cache types are checked at load");
     sc.q_conv.resize(act_row_bytes(q_ty, dk), 0);
     quantize_act(q_ty, hq, &mut sc.q_conv);
     if half_v {
         sc.acc16.clear();
         sc.acc16.resize(dv, 0);
-    } else {
-        sc.acc32.clear();
-        sc.acc32.resize(dv, 0.0);
     }
-    // floats per cell of all KV heads
-    let (kf, vf) = (shape.n_head_kv * dk, shape.n_head_kv * dv);
-    let mut v32 = vec![0.0f32; if rows.is_some() { 0 } else { dv }];
+    sc.v32.resize(dv, 0.0);
     let mut sum = 0.0f32;
     let mut max = f32::NEG_INFINITY;
-    for (c, &cp) in cells.pos.iter().enumerate() {
+    for c in range {
+        let cp = cells.pos[c];
         if cp > p || (shape.n_swa > 0 && p - cp >= shape.n_swa) {
             continue;
         }
-        let s = match rows {
-            Some((k32, _)) => {
-                let at = c * kf + kvh * dk;
-                kdot(dk, f32_bytes(&k32[at..at + dk]), &sc.q_conv)
-            }
-            None => {
-                let krow = &k_rows[c * kv.k_row + kvh * kb..c * kv.k_row + (kvh + 1) * kb];
-                kdot(dk, krow, &sc.q_conv)
-            }
-        } * shape.scale;
+        let krow = &k_rows[c * kv.k_row + kvh * kb..c * kv.k_row + (kvh + 1) * kb];
+        let s = kdot(dk, krow, &sc.q_conv) * shape.scale;
         let vrow = &v_rows[c * kv.v_row + kvh * vb..c * kv.v_row + (kvh + 1) * vb];
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > max {
@@ -197,26 +187,257 @@ fn one_head(
         if half_v {
             mad_f16(&mut sc.acc16, vrow, vs);
         } else {
-            let v = match rows {
-                Some((_, v32)) => &v32[c * vf + kvh * dv..c * vf + (kvh + 1) * dv],
-                None => {
-                    dequantize(kv.type_v, vrow, &mut v32).expect("cache types are checked at load");
-                    &v32[..]
-                }
-            };
-            sc.acc32.iter_mut().zip(v).for_each(|(a, v)| *a += v * vs);
+            dequantize(kv.type_v, vrow, &mut sc.v32).expect("cache types are checked at load");
+            // ggml_vec_mad_f32: a multiply-add per element
+            sc.acc32
+                .iter_mut()
+                .zip(&sc.v32)
+                .for_each(|(a, &v)| *a = v.mul_add(vs, *a));
         }
         // fused, as ggml's compiler builds `S = S*ms + vs`
         sum = sum.mul_add(ms, vs);
     }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     if half_v {
-        for (d, &a) in dst.iter_mut().zip(&sc.acc16) {
-            *d = f16_to_f32(a) * inv;
-        }
-    } else {
-        for (d, &a) in dst.iter_mut().zip(&sc.acc32) {
-            *d = a * inv;
+        for (d, &a) in sc.acc32.iter_mut().zip(&sc.acc16) {
+            *d = f16_to_f32(a);
         }
     }
+    (max, sum)
+}
+
+/// ggml's split decode path: the view's cells in `nth` equal chunks (the pool's threads), each
+/// chunk's partial `(M, S, output)` from the one-chunk kernel, then combined in chunk order.
+fn attend_split(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    il: usize,
+    shape: &AttnShape,
+    (seq, p): (SeqId, u32),
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let (dk, dv) = (shape.head_dim_k, shape.head_dim_v);
+    let nth = pool.n_threads();
+    let view = shape.n_kv_view;
+    let chunk = view.div_ceil(nth);
+    let n_cells = kv.len(seq);
+    type Partial = (f32, f32, Vec<f32>);
+    let partials: Vec<Mutex<Partial>> = (0..shape.n_head * nth)
+        .map(|_| Mutex::new((f32::NEG_INFINITY, 0.0, Vec::new())))
+        .collect();
+    for_each_item(pool, shape.n_head * nth, Scratch::default, |sc, item| {
+        let (h, c) = (item / nth, item % nth);
+        let (start, end) = ((c * chunk).min(n_cells), ((c + 1) * chunk).min(n_cells));
+        let hq = &q[h * dk..(h + 1) * dk];
+        let (m, s) = one_head(kv, il, shape, (seq, p, h), hq, start..end, sc);
+        *partials[item].lock().unwrap_or_else(|e| e.into_inner()) = (m, s, sc.acc32.clone());
+    });
+    for h in 0..shape.n_head {
+        let dst = &mut out[h * dv..(h + 1) * dv];
+        dst.fill(0.0);
+        let (mut m_fin, mut s_fin) = (f32::NEG_INFINITY, 0.0f32);
+        for c in 0..nth {
+            if c * chunk >= view {
+                continue;
+            }
+            let part = partials[h * nth + c]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let (m, s, ref vkq) = *part;
+            if s == 0.0 {
+                continue;
+            }
+            let m_new = m_fin.max(m);
+            let (so, sn) = ((m_fin - m_new).exp(), (m - m_new).exp());
+            // as ggml's compiler builds `a*so + b*sn`: the first product fused
+            dst.iter_mut()
+                .zip(vkq)
+                .for_each(|(d, &v)| *d = d.mul_add(so, v * sn));
+            s_fin = s_fin.mul_add(so, s * sn);
+            m_fin = m_new;
+        }
+        if s_fin != 0.0 {
+            let inv = 1.0 / s_fin;
+            dst.iter_mut().for_each(|d| *d *= inv);
+        }
+    }
+}
+
+/// One sequence's cache rows for the tiled path, as floats: K transposed per KV head and tile
+/// (`[kv head][tile][dim][64 cells]`, zero-padded), V as stored (`[cell][kv heads x dim]`).
+struct TiledRows {
+    seq: SeqId,
+    /// The batch's tokens of this sequence, in batch order.
+    tokens: Vec<usize>,
+    n_cells: usize,
+    kt: Vec<f32>,
+    v: Vec<f32>,
+}
+
+#[derive(Default)]
+struct TileScratch {
+    q: Vec<f32>,
+    kq: Vec<f32>,
+    vkq: Vec<f32>,
+    visible: Vec<bool>,
+}
+
+/// ggml's tiled flash attention (`ggml_compute_forward_flash_attn_ext_tiled`): per query, tiles
+/// of 64 cells; each tile's scores as one multiply-add chain over the head's dimensions, scaled,
+/// masked, then one online-softmax step per tile (the tile's maximum, ggml's `exp` and sums) and
+/// the values as one chain over the tile's cells.
+#[allow(clippy::too_many_arguments)]
+fn attend_tiled(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    il: usize,
+    shape: &AttnShape,
+    seqs: &[SeqId],
+    pos: &[u32],
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let (dk, dv, nkvh) = (shape.head_dim_k, shape.head_dim_v, shape.n_head_kv);
+    let mut groups: Vec<TiledRows> = Vec::new();
+    for (i, &s) in seqs.iter().enumerate() {
+        match groups.iter_mut().find(|g| g.seq == s) {
+            Some(g) => g.tokens.push(i),
+            None => groups.push(TiledRows {
+                seq: s,
+                tokens: vec![i],
+                n_cells: 0,
+                kt: Vec::new(),
+                v: Vec::new(),
+            }),
+        }
+    }
+    for g in &mut groups {
+        let Some(cells) = kv.seq(g.seq) else { continue };
+        let n = cells.pos.len();
+        g.n_cells = n;
+        let k = to_f32(kv.type_k, &cells.k[il][..n * kv.k_row]);
+        g.v = to_f32(kv.type_v, &cells.v[il][..n * kv.v_row]);
+        let n_tiles = n.div_ceil(TILE_KV);
+        g.kt = vec![0.0; nkvh * n_tiles * dk * TILE_KV];
+        for h in 0..nkvh {
+            for c in 0..n {
+                let (t, tk) = (c / TILE_KV, c % TILE_KV);
+                let base = (h * n_tiles + t) * dk * TILE_KV + tk;
+                let row = &k[c * nkvh * dk + h * dk..c * nkvh * dk + (h + 1) * dk];
+                for (d, &x) in row.iter().enumerate() {
+                    g.kt[base + d * TILE_KV] = x;
+                }
+            }
+        }
+    }
+    // items: (group, head, first token of the query tile)
+    let mut items: Vec<(usize, usize, usize)> = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        for h in 0..shape.n_head {
+            for t0 in (0..g.tokens.len()).step_by(TILE_Q) {
+                items.push((gi, h, t0));
+            }
+        }
+    }
+    items.sort_by_key(|&(gi, h, t0)| (t0, gi, h));
+    let out = SyncPtr::new(out.as_mut_ptr());
+    let cells_of = |g: &TiledRows| kv.seq(g.seq).map(|c| &c.pos[..]).unwrap_or(&[]);
+    for_each_item(pool, items.len(), TileScratch::default, |sc, k| {
+        let (gi, h, t0) = items[k];
+        let g = &groups[gi];
+        let toks = &g.tokens[t0..(t0 + TILE_Q).min(g.tokens.len())];
+        let rows = toks.len();
+        let kvh = h / (shape.n_head / nkvh);
+        let cpos = cells_of(g);
+        sc.q.clear();
+        for &i in toks {
+            let at = (i * shape.n_head + h) * dk;
+            sc.q.extend_from_slice(&q[at..at + dk]);
+        }
+        sc.vkq.clear();
+        sc.vkq.resize(rows * dv, 0.0);
+        sc.kq.resize(rows * TILE_KV, 0.0);
+        sc.visible.resize(rows * TILE_KV, false);
+        let mut m = [f32::NEG_INFINITY; TILE_Q];
+        let mut s = [0.0f32; TILE_Q];
+        let n_tiles = g.n_cells.div_ceil(TILE_KV);
+        for t in 0..n_tiles {
+            let (c0, c1) = (t * TILE_KV, ((t + 1) * TILE_KV).min(g.n_cells));
+            let mut any = false;
+            for (r, &i) in toks.iter().enumerate() {
+                let p = pos[i];
+                for tk in 0..TILE_KV {
+                    let c = c0 + tk;
+                    let vis = c < c1 && {
+                        let cp = cpos[c];
+                        cp <= p && (shape.n_swa == 0 || p - cp < shape.n_swa)
+                    };
+                    sc.visible[r * TILE_KV + tk] = vis;
+                    any |= vis;
+                }
+            }
+            if !any {
+                continue;
+            }
+            sc.kq.fill(0.0);
+            let kt =
+                &g.kt[(kvh * n_tiles + t) * dk * TILE_KV..(kvh * n_tiles + t + 1) * dk * TILE_KV];
+            gemm_acc(
+                &mut sc.kq,
+                TILE_KV,
+                &sc.q,
+                dk,
+                kt,
+                TILE_KV,
+                (rows, dk, TILE_KV),
+            );
+            for r in 0..rows {
+                let row = &mut sc.kq[r * TILE_KV..(r + 1) * TILE_KV];
+                let vis = &sc.visible[r * TILE_KV..(r + 1) * TILE_KV];
+                for (x, &v) in row.iter_mut().zip(vis) {
+                    *x = if v {
+                        *x * shape.scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                }
+                let tile_max = row
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |a, &x| if a > x { a } else { x });
+                if tile_max == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                    continue;
+                }
+                let m_new = m[r].max(tile_max);
+                if m_new > m[r] {
+                    let ms = (m[r] - m_new).exp();
+                    sc.vkq[r * dv..(r + 1) * dv]
+                        .iter_mut()
+                        .for_each(|x| *x *= ms);
+                    s[r] *= ms;
+                }
+                m[r] = m_new;
+                s[r] = (s[r] as f64 + soft_max_row(row, m_new)) as f32;
+            }
+            let vt = &g.v[c0 * nkvh * dv + kvh * dv..];
+            gemm_acc(
+                &mut sc.vkq,
+                dv,
+                &sc.kq,
+                TILE_KV,
+                vt,
+                nkvh * dv,
+                (rows, c1 - c0, dv),
+            );
+        }
+        for (r, &i) in toks.iter().enumerate() {
+            let inv = if s[r] == 0.0 { 0.0 } else { 1.0 / s[r] };
+            let item = i * shape.n_head + h;
+            // SAFETY: each (token, head) is written by the one item that holds it.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(item * dv), dv) };
+            for (d, &a) in dst.iter_mut().zip(&sc.vkq[r * dv..(r + 1) * dv]) {
+                *d = a * inv;
+            }
+        }
+    });
 }

@@ -26,7 +26,18 @@ pub struct KvCache {
     n_layer: usize,
     n_ctx_seq: usize,
     n_seq_max: usize,
+    layout: UpstreamLayout,
     seqs: BTreeMap<SeqId, SeqCells>,
+}
+
+/// What upstream's cache sizes follow (`--kv-unified`, `--swa-full`, `-ub`, the model's window):
+/// its attention graph spans a view of the cache whose length picks ggml's kernels.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UpstreamLayout {
+    pub kv_unified: bool,
+    pub swa_full: bool,
+    pub n_ubatch: usize,
+    pub n_swa: usize,
 }
 
 pub fn check_kv_type(ty: GgmlType, width: usize, which: &str) -> Result<(), EngineError> {
@@ -63,8 +74,34 @@ impl KvCache {
             n_layer,
             n_ctx_seq,
             n_seq_max,
+            layout: UpstreamLayout::default(),
             seqs: BTreeMap::new(),
         })
+    }
+
+    pub fn set_layout(&mut self, layout: UpstreamLayout) {
+        self.layout = layout;
+    }
+
+    /// The cells upstream's graph would attend over for `s` on a layer of the window cache
+    /// (`swa`) or the full one (`llama_kv_cache::get_n_kv`): the cells in use, padded to 256, at
+    /// most the cache's size. The cells in use are this sequence's, or every sequence's when
+    /// the cache is unified (upstream packs them into one stream).
+    pub fn n_kv_view(&self, s: SeqId, swa: bool) -> usize {
+        let l = &self.layout;
+        let base = self.n_ctx_seq;
+        let size = if swa && !l.swa_full && l.n_swa > 0 {
+            let streams = if l.kv_unified { self.n_seq_max } else { 1 };
+            (base.min(l.n_swa * streams + l.n_ubatch)).next_multiple_of(256)
+        } else {
+            base
+        };
+        let used = if l.kv_unified {
+            self.seqs.values().map(|c| c.pos.len()).sum()
+        } else {
+            self.len(s)
+        };
+        size.min(used.next_multiple_of(256).max(256))
     }
 
     pub fn n_ctx_seq(&self) -> usize {

@@ -195,6 +195,10 @@ pub struct EngineParams {
     pub type_v: GgmlType,
     /// The CUDA card that serves the model, or `None` to serve on the CPU.
     pub gpu: Option<usize>,
+    /// `--kv-unified` and `--swa-full`: upstream's cache sizes follow them, and with them which
+    /// of ggml's attention kernels a step takes (see `kv::UpstreamLayout`).
+    pub kv_unified: bool,
+    pub swa_full: bool,
     /// With a card: the experts of each layer (ascending indices) that get a card copy; the
     /// others stay in host memory, computed there for small batches and streamed through the
     /// card for long prompts. `None`: every expert on the card.
@@ -215,6 +219,8 @@ impl Default for EngineParams {
             n_ubatch: 512,
             type_k: GgmlType::F16,
             type_v: GgmlType::F16,
+            kv_unified: false,
+            swa_full: false,
             gpu: None,
             card_experts: None,
         }

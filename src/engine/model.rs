@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
 use super::attention::{attend, AttnMode, AttnShape};
 use super::dump;
-use super::kv::{KvCache, SeqCells};
+use super::kv::{KvCache, SeqCells, UpstreamLayout};
 use super::tier::heat::Heat;
 use super::weights::{Loader, Tensor};
 use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
@@ -188,7 +188,7 @@ impl Model {
         let w = Weights::load(spec, &hp, ld)?;
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
         let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
-        let kv = KvCache::new(
+        let mut kv = KvCache::new(
             params.type_k,
             params.type_v,
             nkv,
@@ -197,6 +197,12 @@ impl Model {
             params.n_ctx_seq,
             params.n_seq_max,
         )?;
+        kv.set_layout(UpstreamLayout {
+            kv_unified: params.kv_unified,
+            swa_full: params.swa_full,
+            n_ubatch: params.n_ubatch,
+            n_swa: hp.n_swa as usize,
+        });
         if params.type_k != GgmlType::F16 && params.type_k != GgmlType::F32 && hk % QK8_0 != 0 {
             return Err(EngineError::Load(format!(
                 "K cache type {} needs a head size that is a multiple of 32, not {hk}",
@@ -350,6 +356,12 @@ impl Model {
                 scale: kq_scale,
                 n_swa: if layer.swa { hp.n_swa } else { 0 },
                 mode,
+                // a one-token step of one sequence: the view decides ggml's split decode
+                n_kv_view: if n == 1 {
+                    self.kv.n_kv_view(seqs[0], layer.swa)
+                } else {
+                    0
+                },
             };
             attend(pool, &self.kv, il, &shape, seqs, pos, &b.q, &mut b.attn);
             dump::put("kqv_out", Some(il), &b.attn, hp.n_head * hv);

@@ -254,7 +254,16 @@ pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn hsum512_ggml(acc: [__m512; 4]) -> f32 {
-    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    reduce_add_ps(_mm512_add_ps(
+        _mm512_add_ps(acc[0], acc[2]),
+        _mm512_add_ps(acc[1], acc[3]),
+    ))
+}
+
+/// `_mm512_reduce_add_ps`'s order: 256-bit halves, 128-bit halves, then (0 + 2) + (1 + 3).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn reduce_add_ps(v: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     let t3 = _mm256_add_ps(lo, hi);

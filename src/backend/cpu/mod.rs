@@ -6,6 +6,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod dot;
+pub mod fa;
 pub mod matmul;
 pub mod pool;
 pub mod quant;
