@@ -307,9 +307,30 @@ impl Model {
             b.q.resize(n * nq, 0.0);
             b.k.resize(n * nkv, 0.0);
             b.v.resize(n * nv, 0.0);
-            matmul(pool, &layer.wq.mat(), &b.cur, n, &mut b.q, &mut b.act);
-            matmul(pool, &layer.wk.mat(), &b.cur, n, &mut b.k, &mut b.act);
-            matmul(pool, &layer.wv.mat(), &b.cur, n, &mut b.v, &mut b.act);
+            matmul(
+                pool,
+                &layer.wq.product_mat(),
+                &b.cur,
+                n,
+                &mut b.q,
+                &mut b.act,
+            );
+            matmul(
+                pool,
+                &layer.wk.product_mat(),
+                &b.cur,
+                n,
+                &mut b.k,
+                &mut b.act,
+            );
+            matmul(
+                pool,
+                &layer.wv.product_mat(),
+                &b.cur,
+                n,
+                &mut b.v,
+                &mut b.act,
+            );
             add_bias(&mut b.q, layer.bq.as_deref());
             add_bias(&mut b.k, layer.bk.as_deref());
             add_bias(&mut b.v, layer.bv.as_deref());
@@ -366,7 +387,14 @@ impl Model {
             attend(pool, &self.kv, il, &shape, seqs, pos, &b.q, &mut b.attn);
             dump::put("kqv_out", Some(il), &b.attn, hp.n_head * hv);
             b.o.resize(n * n_embd, 0.0);
-            matmul(pool, &layer.wo.mat(), &b.attn, n, &mut b.o, &mut b.act);
+            matmul(
+                pool,
+                &layer.wo.product_mat(),
+                &b.attn,
+                n,
+                &mut b.o,
+                &mut b.act,
+            );
             add_bias(&mut b.o, layer.bo.as_deref());
             dump::put("attn_wo", Some(il), &b.o, n_embd);
             if let Some(w) = &layer.post_attn_norm {
@@ -405,11 +433,11 @@ impl Model {
                     b.up.resize(rows * nf, 0.0);
                     // gate and up share one conversion of the input when their types allow
                     b.act.prepare(pool, gate.ty, &b.cur, n_embd, rows);
-                    matmul_prepared(pool, &gate.mat(), &b.act, &mut b.gate);
+                    matmul_prepared(pool, &gate.product_mat(), &b.act, &mut b.gate);
                     if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
-                        matmul_prepared(pool, &up.mat(), &b.act, &mut b.up);
+                        matmul_prepared(pool, &up.product_mat(), &b.act, &mut b.up);
                     } else {
-                        matmul(pool, &up.mat(), &b.cur, rows, &mut b.up, &mut b.act);
+                        matmul(pool, &up.product_mat(), &b.cur, rows, &mut b.up, &mut b.act);
                     }
                     dump::put("ffn_gate", Some(il), &b.gate, nf);
                     dump::put("ffn_up", Some(il), &b.up, nf);
@@ -419,7 +447,14 @@ impl Model {
                         Act::Gelu => "ffn_geglu",
                     };
                     dump::put(glu_name, Some(il), &b.gate, nf);
-                    matmul(pool, &down.mat(), &b.gate, rows, &mut b.ffn, &mut b.act);
+                    matmul(
+                        pool,
+                        &down.product_mat(),
+                        &b.gate,
+                        rows,
+                        &mut b.ffn,
+                        &mut b.act,
+                    );
                 }
                 Ffn::Moe {
                     router,
@@ -466,7 +501,7 @@ impl Model {
         b.logits.resize(wanted.len() * self.w.n_vocab, 0.0);
         matmul(
             pool,
-            &head.mat(),
+            &head.product_mat(),
             &b.cur,
             wanted.len(),
             &mut b.logits,

@@ -335,18 +335,21 @@ mod tests {
                 rows: ne * nf,
                 cols: e,
                 data: &gd,
+                packed: None,
             },
             QMat {
                 ty: GgmlType::Q8_0,
                 rows: ne * nf,
                 cols: e,
                 data: &ud,
+                packed: None,
             },
             QMat {
                 ty: GgmlType::Q8_0,
                 rows: ne * e,
                 cols: nf,
                 data: &dd,
+                packed: None,
             },
         );
         let x: Vec<f32> = (0..n * e)
@@ -413,6 +416,7 @@ mod tests {
             rows,
             cols,
             data,
+            packed: None,
         };
         let mats = [
             mat(&gd[..], ne * nf, e),

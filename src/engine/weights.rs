@@ -3,12 +3,13 @@
 //! shape and for a kernel that can multiply them.
 
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
 use super::EngineError;
 use crate::backend::cpu::dot::kernel;
+use crate::backend::cpu::packed::{pack_q4k, packable};
 use crate::backend::cpu::QMat;
 use crate::model::quants::dequantize;
 use crate::model::{GgmlType, GgufFile};
@@ -22,6 +23,8 @@ pub struct Tensor {
     map: Arc<Mmap>,
     offset: usize,
     len: usize,
+    /// The rows repacked for the CPU's products (`backend::cpu::packed`), made at first use.
+    packed: Arc<OnceLock<Option<Vec<u8>>>>,
 }
 
 impl Tensor {
@@ -36,6 +39,22 @@ impl Tensor {
             rows: self.shape[1..].iter().product(),
             cols: self.shape[0],
             data: self.data(),
+            packed: None,
+        }
+    }
+
+    /// [`Tensor::mat`] for the CPU's matrix products: a 2-D tensor of a type the CPU runs
+    /// repacked carries its repacked rows, made on the first call (as ggml repacks such weights
+    /// at load; the file's pages are then no longer read).
+    pub fn product_mat(&self) -> QMat<'_> {
+        let m = self.mat();
+        let packed = self.packed.get_or_init(|| {
+            (self.shape.len() == 2 && packable(m.ty, m.rows))
+                .then(|| pack_q4k(m.data, m.rows, m.cols))
+        });
+        QMat {
+            packed: packed.as_deref(),
+            ..m
         }
     }
 
@@ -112,6 +131,7 @@ impl<'a> Loader<'a> {
             map: Arc::clone(map),
             offset,
             len,
+            packed: Arc::new(OnceLock::new()),
         })
     }
 

@@ -7,6 +7,7 @@ use super::dot::{
     kernel, kernel4, kernel4_rowwise, kernel_batched, kernel_tile, DotFn, DotFn4, DotTile,
     TILED_MIN_ROWS,
 };
+use super::packed;
 use super::pool::{split_range, SyncPtr, ThreadPool};
 use super::quant::{act_row_bytes, quantize_act};
 use crate::model::quants::vec_dot_type;
@@ -19,6 +20,9 @@ pub struct QMat<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    /// The same rows repacked for the AVX-512 kernel of [`super::packed`], where the weights'
+    /// owner made that copy.
+    pub packed: Option<&'a [u8]>,
 }
 
 impl<'a> QMat<'a> {
@@ -39,6 +43,7 @@ impl<'a> QMat<'a> {
             rows: r1 - r0,
             cols: self.cols,
             data: &self.data[r0 * rb..r1 * rb],
+            packed: None,
         }
     }
 }
@@ -125,6 +130,9 @@ pub fn matmul(
 pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut [f32]) {
     assert_eq!(act.cols, w.cols, "activation width");
     assert!(out.len() >= act.n * w.rows, "output holds n x rows");
+    if let Some(packed) = w.packed {
+        return packed_product(pool, w, packed, act, out);
+    }
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
     let (dot, dot4, tile) = match kernel_batched(w.ty).filter(|_| act.n >= TILED_MIN_ROWS) {
         // the order ggml sums these types in when the product has this many rows
@@ -136,6 +144,37 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
         let (r0, r1) = split_range(w.rows, ith, nth, ROW_TILE);
         // SAFETY: this thread writes only columns [r0, r1) of every output row.
         unsafe { tile_loop((dot, dot4, tile), w, act, r0, r1, out) };
+    });
+}
+
+/// [`matmul_prepared`] on repacked rows: threads split the groups of rows; each group takes the
+/// tokens in fours, then the rest one at a time (as ggml's repacked kernels split them).
+fn packed_product(pool: &ThreadPool, w: &QMat, packed: &[u8], act: &Activations, out: &mut [f32]) {
+    let groups = w.rows / packed::ROWS;
+    let gb = packed.len() / groups;
+    let n = act.n;
+    let out = SyncPtr::new(out.as_mut_ptr());
+    pool.run(|ith, nth| {
+        let (g0, g1) = split_range(groups, ith, nth, 1);
+        for g in g0..g1 {
+            let grp = &packed[g * gb..(g + 1) * gb];
+            let r0 = g * packed::ROWS;
+            // SAFETY: this thread writes only its groups' columns of every output row.
+            let put = |t: usize, v: &[f32; packed::ROWS]| unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), out.get().add(t * w.rows + r0), v.len())
+            };
+            let mut t = 0;
+            while t + 4 <= n {
+                let a = [act.row(t), act.row(t + 1), act.row(t + 2), act.row(t + 3)];
+                for (q, v) in packed::q4k_group_x4(w.cols, grp, a).iter().enumerate() {
+                    put(t + q, v);
+                }
+                t += 4;
+            }
+            for t in t..n {
+                put(t, &packed::q4k_group_x1(w.cols, grp, act.row(t)));
+            }
+        }
     });
 }
 
@@ -467,6 +506,7 @@ mod tests {
             rows,
             cols,
             data: &data,
+            packed: None,
         };
         let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i % 13) as f32 - 6.0) * 0.1)
@@ -492,6 +532,7 @@ mod tests {
             rows: blocks * rows_per,
             cols,
             data: &data,
+            packed: None,
         };
         let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1)
@@ -568,6 +609,7 @@ mod tests {
             rows,
             cols,
             data: &data,
+            packed: None,
         };
         let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i % 11) as f32 - 5.0) * 0.2)
@@ -634,6 +676,7 @@ mod speed {
                 rows,
                 cols,
                 data,
+                packed: None,
             };
             let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
             let mut out = vec![0.0; rows];

@@ -8,6 +8,7 @@ mod avx512;
 pub mod dot;
 pub mod fa;
 pub mod matmul;
+pub mod packed;
 pub mod pool;
 pub mod quant;
 pub mod vec;

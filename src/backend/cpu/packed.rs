@@ -1,0 +1,268 @@
+//! Q4_K weights repacked sixteen rows at a time for AVX-512 VNNI, as ggml repacks them (its
+//! `block_q4_Kx8`, eight rows) so one instruction works on every row of the group: each 32-bit
+//! lane holds four consecutive weights of one row, so a product's integer sums land one row per
+//! lane and the float steps run on sixteen rows at once, with no horizontal sums. The float steps
+//! are ggml's repacked kernels' (`avx2::KFloat::Pairs` for four activation rows, `Blocks` for
+//! one), lane by lane, so the results equal the row-by-row kernels' bit for bit.
+//!
+//! A group's block of 256 columns (`BLOCK` bytes): the sixteen rows' `d` (f16), their `dmin`
+//! (f16), the eight sub-blocks' scales (a byte per row), their mins, then the quants: for each of
+//! the four 32-byte chunks of a Q4_K block and each 4-byte piece of it, the sixteen rows' pieces
+//! side by side (64 bytes).
+
+use super::quant::{scale_min_k4, Q8_K_BYTES, QK_K};
+use crate::model::GgmlType;
+
+/// Rows per group.
+pub const ROWS: usize = 16;
+const Q4K_BYTES: usize = 144;
+const AT_DMIN: usize = 2 * ROWS;
+const AT_SCALES: usize = 4 * ROWS;
+const AT_MINS: usize = AT_SCALES + 8 * ROWS;
+const AT_QS: usize = AT_MINS + 8 * ROWS;
+/// Bytes of one group's block.
+pub const BLOCK: usize = AT_QS + ROWS * 128;
+
+/// Whether [`pack_q4k`] applies: Q4_K rows in whole groups, on a CPU with the kernel.
+pub fn packable(ty: GgmlType, rows: usize) -> bool {
+    ty == GgmlType::Q4K && rows > 0 && rows.is_multiple_of(ROWS) && available()
+}
+
+fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::dot::isa() == super::dot::Isa::Avx512Vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `rows` Q4_K rows of `cols` columns (ggml's layout) in groups of [`ROWS`].
+pub fn pack_q4k(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let nb = cols / QK_K;
+    let rb = nb * Q4K_BYTES;
+    assert!(rows.is_multiple_of(ROWS) && data.len() >= rows * rb);
+    let mut out = vec![0u8; rows / ROWS * nb * BLOCK];
+    for (g, grp) in out.chunks_exact_mut(nb * BLOCK).enumerate() {
+        for (b, blk) in grp.chunks_exact_mut(BLOCK).enumerate() {
+            for r in 0..ROWS {
+                let src = &data[(g * ROWS + r) * rb + b * Q4K_BYTES..][..Q4K_BYTES];
+                blk[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+                blk[AT_DMIN + 2 * r..AT_DMIN + 2 * r + 2].copy_from_slice(&src[2..4]);
+                for sb in 0..8 {
+                    let (sc, mn) = scale_min_k4(sb, &src[4..16]);
+                    blk[AT_SCALES + sb * ROWS + r] = sc;
+                    blk[AT_MINS + sb * ROWS + r] = mn;
+                }
+                for piece in 0..32 {
+                    let at = AT_QS + piece * 4 * ROWS + 4 * r;
+                    blk[at..at + 4].copy_from_slice(&src[16 + 4 * piece..16 + 4 * piece + 4]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Four activation rows (Q8_K) against one group: `out[t][r]`, summed as ggml's four-row kernel
+/// sums them.
+pub fn q4k_group_x4(cols: usize, group: &[u8], a: [&[u8]; 4]) -> [[f32; ROWS]; 4] {
+    check(cols, group, &a);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: groups exist only where `available()` found the AVX-512 VNNI level; sizes checked.
+    unsafe {
+        x86::q4k_group::<4>(cols / QK_K, group, a, true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("packed groups exist only on x86_64")
+}
+
+/// One activation row against one group, summed as ggml's one-row kernel sums it.
+pub fn q4k_group_x1(cols: usize, group: &[u8], a: &[u8]) -> [f32; ROWS] {
+    check(cols, group, &[a]);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `q4k_group_x4`.
+    unsafe {
+        x86::q4k_group::<1>(cols / QK_K, group, [a], false)[0]
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("packed groups exist only on x86_64")
+}
+
+fn check(cols: usize, group: &[u8], a: &[&[u8]]) {
+    let nb = cols / QK_K;
+    assert!(group.len() >= nb * BLOCK && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn q4k_group<const R: usize>(
+        nb: usize,
+        group: &[u8],
+        a: [&[u8]; R],
+        pairs: bool,
+    ) -> [[f32; ROWS]; R] {
+        let mut acc_s = [_mm512_setzero_ps(); R];
+        let mut acc_m = [_mm512_setzero_ps(); R];
+        let low4 = _mm512_set1_epi8(0x0f);
+        for b in 0..nb {
+            let bw = group.as_ptr().add(b * BLOCK);
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(bw as *const __m256i));
+            let dminw = _mm512_cvtph_ps(_mm256_loadu_si256(bw.add(AT_DMIN) as *const __m256i));
+            let mut d = [_mm512_setzero_ps(); R];
+            let mut dmin = [_mm512_setzero_ps(); R];
+            // each token's sub-block sums of its activations (pairs of the 16 stored sums)
+            let mut sub = [[0i32; 8]; R];
+            let mut qa = [std::ptr::null::<u8>(); R];
+            for t in 0..R {
+                let ba = a[t].as_ptr().add(b * Q8_K_BYTES);
+                let da = _mm512_set1_ps(f32::from_le_bytes(*(ba as *const [u8; 4])));
+                d[t] = _mm512_mul_ps(dw, da);
+                dmin[t] = _mm512_mul_ps(dminw, da);
+                for (j, s) in sub[t].iter_mut().enumerate() {
+                    let p = ba.add(4 + QK_K + 4 * j);
+                    *s = i16::from_le_bytes([*p, *p.add(1)]) as i32
+                        + i16::from_le_bytes([*p.add(2), *p.add(3)]) as i32;
+                }
+                qa[t] = ba.add(4);
+            }
+            let mut blk_s = [_mm512_setzero_si512(); R];
+            let mut blk_m = [_mm512_setzero_si512(); R];
+            for c in 0..4 {
+                let mut lo_acc = [_mm512_setzero_si512(); R];
+                let mut hi_acc = [_mm512_setzero_si512(); R];
+                for piece in 0..8 {
+                    let v = _mm512_loadu_si512(
+                        bw.add(AT_QS + (c * 8 + piece) * 4 * ROWS) as *const __m512i
+                    );
+                    let lo = _mm512_and_si512(v, low4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                    for t in 0..R {
+                        let xl = (qa[t].add(64 * c + 4 * piece) as *const i32).read_unaligned();
+                        let xh =
+                            (qa[t].add(64 * c + 32 + 4 * piece) as *const i32).read_unaligned();
+                        lo_acc[t] = _mm512_dpbusd_epi32(lo_acc[t], lo, _mm512_set1_epi32(xl));
+                        hi_acc[t] = _mm512_dpbusd_epi32(hi_acc[t], hi, _mm512_set1_epi32(xh));
+                    }
+                }
+                let byte_lanes =
+                    |at: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(bw.add(at) as *const __m128i));
+                let (sc_lo, sc_hi) = (
+                    byte_lanes(AT_SCALES + 2 * c * ROWS),
+                    byte_lanes(AT_SCALES + (2 * c + 1) * ROWS),
+                );
+                let (mn_lo, mn_hi) = (
+                    byte_lanes(AT_MINS + 2 * c * ROWS),
+                    byte_lanes(AT_MINS + (2 * c + 1) * ROWS),
+                );
+                for t in 0..R {
+                    let p = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo_acc[t], sc_lo),
+                        _mm512_mullo_epi32(hi_acc[t], sc_hi),
+                    );
+                    let pm = _mm512_add_epi32(
+                        _mm512_mullo_epi32(mn_lo, _mm512_set1_epi32(sub[t][2 * c])),
+                        _mm512_mullo_epi32(mn_hi, _mm512_set1_epi32(sub[t][2 * c + 1])),
+                    );
+                    if pairs {
+                        acc_s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d[t], acc_s[t]);
+                        acc_m[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm), dmin[t], acc_m[t]);
+                    } else {
+                        blk_s[t] = _mm512_add_epi32(blk_s[t], p);
+                        blk_m[t] = _mm512_add_epi32(blk_m[t], pm);
+                    }
+                }
+            }
+            if !pairs {
+                for t in 0..R {
+                    acc_s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(blk_s[t]), d[t], acc_s[t]);
+                    acc_m[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(blk_m[t]), dmin[t], acc_m[t]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; ROWS]; R];
+        for t in 0..R {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc_s[t], acc_m[t]));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::dot::{kernel, kernel4};
+    use crate::model::quants::{f32_to_f16, quantize_activations};
+
+    /// Q4_K rows with random quants, scales, mins and block scales.
+    fn q4k_rows(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        let mut data = Vec::new();
+        for _ in 0..rows * cols / QK_K {
+            let d = f32_to_f16(0.001 + (next() % 1000) as f32 * 1e-5).to_le_bytes();
+            let m = f32_to_f16((next() % 1000) as f32 * 2e-5).to_le_bytes();
+            data.extend_from_slice(&d);
+            data.extend_from_slice(&m);
+            for _ in 0..140 {
+                data.push(next() as u8);
+            }
+        }
+        data
+    }
+
+    #[test]
+    fn packed_groups_equal_the_row_kernels() {
+        if !packable(GgmlType::Q4K, ROWS) {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let (rows, cols) = (32, 768);
+        let w = q4k_rows(rows, cols, &mut seed);
+        let packed = pack_q4k(&w, rows, cols);
+        let acts: Vec<Vec<u8>> = (0..4)
+            .map(|t| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| (((i * 7 + t * 13) % 23) as f32 - 11.0) * 0.37)
+                    .collect();
+                let mut q = Vec::new();
+                quantize_activations(GgmlType::Q8K, &x, &mut q).unwrap();
+                q
+            })
+            .collect();
+        let one = kernel(GgmlType::Q4K).unwrap();
+        let four = kernel4(GgmlType::Q4K).unwrap();
+        let rb = cols / QK_K * Q4K_BYTES;
+        for g in 0..rows / ROWS {
+            let grp = &packed[g * (cols / QK_K) * BLOCK..];
+            let a4 = [&acts[0][..], &acts[1][..], &acts[2][..], &acts[3][..]];
+            let x4 = q4k_group_x4(cols, grp, a4);
+            let x1 = q4k_group_x1(cols, grp, &acts[2]);
+            for r in 0..ROWS {
+                let row = &w[(g * ROWS + r) * rb..][..rb];
+                let want4 = four(cols, row, a4);
+                for t in 0..4 {
+                    assert_eq!(
+                        x4[t][r].to_bits(),
+                        want4[t].to_bits(),
+                        "group {g} row {r} token {t}"
+                    );
+                }
+                assert_eq!(
+                    x1[r].to_bits(),
+                    one(cols, row, &acts[2]).to_bits(),
+                    "row {r}"
+                );
+            }
+        }
+    }
+}
