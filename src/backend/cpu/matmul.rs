@@ -133,6 +133,13 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     if let Some(packed) = w.packed {
         return packed_product(pool, w, packed, act, out);
     }
+    if w.ty == GgmlType::Q6K
+        && act.n >= TILED_MIN_ROWS
+        && w.rows.is_multiple_of(packed::ROWS)
+        && packed::q6k_tiled_available()
+    {
+        return q6k_tiled_product(pool, w, act, out);
+    }
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
     let (dot, dot4, tile) = match kernel_batched(w.ty).filter(|_| act.n >= TILED_MIN_ROWS) {
         // the order ggml sums these types in when the product has this many rows
@@ -173,6 +180,39 @@ fn packed_product(pool: &ThreadPool, w: &QMat, packed: &[u8], act: &Activations,
             }
             for t in t..n {
                 put(t, &packed::q4k_group_x1(w.cols, grp, act.row(t)));
+            }
+        }
+    });
+}
+
+/// [`matmul_prepared`] for Q6_K weights and [`TILED_MIN_ROWS`] or more tokens: threads split the
+/// groups of sixteen rows, each group's blocks unpacked once per tile of tokens.
+fn q6k_tiled_product(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut [f32]) {
+    let groups = w.rows / packed::ROWS;
+    let n = act.n;
+    let out = SyncPtr::new(out.as_mut_ptr());
+    pool.run(|ith, nth| {
+        let (g0, g1) = split_range(groups, ith, nth, 1);
+        let mut sums = vec![[0.0f32; packed::ROWS]; TOKEN_TILE];
+        let mut acts: Vec<&[u8]> = Vec::with_capacity(TOKEN_TILE);
+        for g in g0..g1 {
+            let r0 = g * packed::ROWS;
+            let rows: [&[u8]; packed::ROWS] = std::array::from_fn(|r| w.row(r0 + r));
+            for t0 in (0..n).step_by(TOKEN_TILE) {
+                let t1 = (t0 + TOKEN_TILE).min(n);
+                acts.clear();
+                acts.extend((t0..t1).map(|t| act.row(t)));
+                packed::q6k_tiled_group(w.cols, rows, &acts, &mut sums);
+                for (t, v) in (t0..t1).zip(&sums) {
+                    // SAFETY: this thread writes only its groups' columns of every output row.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            v.as_ptr(),
+                            out.get().add(t * w.rows + r0),
+                            packed::ROWS,
+                        )
+                    };
+                }
             }
         }
     });

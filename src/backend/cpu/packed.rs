@@ -94,6 +94,51 @@ fn check(cols: usize, group: &[u8], a: &[&[u8]]) {
     assert!(group.len() >= nb * BLOCK && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
 }
 
+/// Q6_K products of eight or more activation rows (`dot::TILED_MIN_ROWS`) in groups of [`ROWS`] weight rows,
+/// repacked on the fly: each block of the group's rows is unpacked once into a small buffer (a
+/// byte per weight, four of a row side by side per lane) and used for every token of the tile.
+/// The float steps are ggml's tiled product's (`avx2::KFloat::Tiled`): per block the integer
+/// sum times `d`, then one multiply-add by the activations' scale, lane by lane.
+pub fn q6k_tiled_available() -> bool {
+    available()
+}
+
+/// `rows` (sixteen Q6_K rows of `cols` columns) against the activation rows `acts` (Q8_K):
+/// `out[t][r]`.
+pub fn q6k_tiled_group(cols: usize, rows: [&[u8]; ROWS], acts: &[&[u8]], out: &mut [[f32; ROWS]]) {
+    let nb = cols / QK_K;
+    assert!(rows.iter().all(|r| r.len() >= nb * Q6K_BYTES));
+    assert!(acts.iter().all(|a| a.len() >= nb * Q8_K_BYTES) && out.len() >= acts.len());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: called only where `q6k_tiled_available()` found the AVX-512 VNNI level; sizes
+    // checked above.
+    unsafe {
+        x86::q6k_tiled_group(nb, &rows, acts, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("only on x86_64")
+}
+
+const Q6K_BYTES: usize = 210;
+
+/// Block `b` of Q6_K row `row` as 256 six-bit values (0..63), in order.
+fn q6k_values(row: &[u8], b: usize, v: &mut [u8; QK_K]) {
+    let bw = &row[b * Q6K_BYTES..(b + 1) * Q6K_BYTES];
+    for half in 0..2 {
+        let (ql, qh) = (
+            &bw[half * 64..half * 64 + 64],
+            &bw[128 + half * 32..128 + half * 32 + 32],
+        );
+        let o = half * 128;
+        for l in 0..32 {
+            v[o + l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
+            v[o + 32 + l] = (ql[32 + l] & 0xf) | (((qh[l] >> 2) & 3) << 4);
+            v[o + 64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            v[o + 96 + l] = (ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -191,6 +236,63 @@ mod x86 {
         }
         out
     }
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn q6k_tiled_group(
+        nb: usize,
+        rows: &[&[u8]; ROWS],
+        acts: &[&[u8]],
+        out: &mut [[f32; ROWS]],
+    ) {
+        let n = acts.len();
+        let mut acc = vec![_mm512_setzero_ps(); n];
+        // the block's values, piece p (values 4p..4p+4) of row r at 64 p + 4 r
+        let mut buf = [0u8; QK_K * ROWS];
+        let mut vals = [0u8; QK_K];
+        let mut dw = [0f32; ROWS];
+        let mut sc = [[0i32; ROWS]; 16];
+        for b in 0..nb {
+            for (r, row) in rows.iter().enumerate() {
+                super::q6k_values(row, b, &mut vals);
+                for p in 0..QK_K / 4 {
+                    buf[p * 4 * ROWS + 4 * r..p * 4 * ROWS + 4 * r + 4]
+                        .copy_from_slice(&vals[4 * p..4 * p + 4]);
+                }
+                let bw = &row[b * Q6K_BYTES..(b + 1) * Q6K_BYTES];
+                dw[r] = crate::model::quants::f16_to_f32(u16::from_le_bytes([bw[208], bw[209]]));
+                for (s, scs) in sc.iter_mut().enumerate() {
+                    scs[r] = bw[192 + s] as i8 as i32;
+                }
+            }
+            let dwv = _mm512_loadu_ps(dw.as_ptr());
+            let scv: [__m512i; 16] =
+                std::array::from_fn(|s| _mm512_loadu_si512(sc[s].as_ptr() as *const __m512i));
+            for (t, a) in acts.iter().enumerate() {
+                let ba = a.as_ptr().add(b * Q8_K_BYTES);
+                let da = f32::from_le_bytes(*(ba as *const [u8; 4]));
+                let mut total = _mm512_setzero_si512();
+                for (s, scs) in scv.iter().enumerate() {
+                    let mut dot = _mm512_setzero_si512();
+                    for p in 0..4 {
+                        let w = _mm512_loadu_si512(
+                            buf.as_ptr().add((4 * s + p) * 4 * ROWS) as *const __m512i
+                        );
+                        let x = (ba.add(4 + 16 * s + 4 * p) as *const i32).read_unaligned();
+                        dot = _mm512_dpbusd_epi32(dot, w, _mm512_set1_epi32(x));
+                    }
+                    // the values' offset of 32 against this sub-block's activation sum
+                    let q = ba.add(4 + QK_K + 2 * s);
+                    let bsum = i16::from_le_bytes([*q, *q.add(1)]) as i32;
+                    let dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(32 * bsum));
+                    total = _mm512_add_epi32(total, _mm512_mullo_epi32(dot, *scs));
+                }
+                let res = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dwv);
+                acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(da), acc[t]);
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +320,55 @@ mod tests {
             }
         }
         data
+    }
+
+    #[test]
+    fn q6k_tiled_groups_equal_the_row_kernel() {
+        if !q6k_tiled_available() {
+            return;
+        }
+        let mut seed = 0x0123_4567_89ab_cdefu64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let cols = 512;
+        let nb = cols / QK_K;
+        let mut w = Vec::new();
+        for _ in 0..ROWS * nb {
+            for _ in 0..208 {
+                w.push(next() as u8);
+            }
+            let d = f32_to_f16(0.0005 + (next() % 1000) as f32 * 1e-6).to_le_bytes();
+            w.extend_from_slice(&d);
+        }
+        let acts: Vec<Vec<u8>> = (0..11)
+            .map(|t| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| (((i * 5 + t * 17) % 29) as f32 - 14.0) * 0.21)
+                    .collect();
+                let mut q = Vec::new();
+                quantize_activations(GgmlType::Q8K, &x, &mut q).unwrap();
+                q
+            })
+            .collect();
+        let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+        let rb = nb * Q6K_BYTES;
+        let rows: [&[u8]; ROWS] = std::array::from_fn(|r| &w[r * rb..(r + 1) * rb]);
+        let mut out = vec![[0.0f32; ROWS]; refs.len()];
+        q6k_tiled_group(cols, rows, &refs, &mut out);
+        let (one, _) = crate::backend::cpu::dot::kernel_batched(GgmlType::Q6K).unwrap();
+        for (t, a) in refs.iter().enumerate() {
+            for r in 0..ROWS {
+                assert_eq!(
+                    out[t][r].to_bits(),
+                    one(cols, rows[r], a).to_bits(),
+                    "token {t} row {r}"
+                );
+            }
+        }
     }
 
     #[test]
