@@ -347,6 +347,26 @@ pub unsafe fn group_tile(
     r1: usize,
     out: SyncPtr<f32>,
 ) {
+    if r1 - r0 == packed::ROWS
+        && g.rows.len() >= 4
+        && r0.is_multiple_of(packed::ROWS)
+        && packed::packable(w.ty, rows_per)
+    {
+        // sixteen Q4_K rows at once, each block unpacked once for all the group's tokens
+        let rows: [&[u8]; packed::ROWS] =
+            std::array::from_fn(|r| w.row(g.block * rows_per + r0 + r));
+        let acts: Vec<&[u8]> = g.rows.iter().map(|&t| act.row(t)).collect();
+        let mut sums = vec![[0.0f32; packed::ROWS]; acts.len()];
+        packed::q4k_rows_blocks(w.cols, rows, &acts, &mut sums);
+        for (j, v) in sums.iter().enumerate() {
+            std::ptr::copy_nonoverlapping(
+                v.as_ptr(),
+                out.get().add((g.out + j) * rows_per + r0),
+                packed::ROWS,
+            );
+        }
+        return;
+    }
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
     // as ggml's expert products: an expert with enough rows takes the batched order, the others
     // sum every row as the one-row kernel does

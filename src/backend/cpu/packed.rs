@@ -44,24 +44,46 @@ pub fn pack_q4k(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     assert!(rows.is_multiple_of(ROWS) && data.len() >= rows * rb);
     let mut out = vec![0u8; rows / ROWS * nb * BLOCK];
     for (g, grp) in out.chunks_exact_mut(nb * BLOCK).enumerate() {
+        let group: [&[u8]; ROWS] = std::array::from_fn(|r| &data[(g * ROWS + r) * rb..][..rb]);
         for (b, blk) in grp.chunks_exact_mut(BLOCK).enumerate() {
-            for r in 0..ROWS {
-                let src = &data[(g * ROWS + r) * rb + b * Q4K_BYTES..][..Q4K_BYTES];
-                blk[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
-                blk[AT_DMIN + 2 * r..AT_DMIN + 2 * r + 2].copy_from_slice(&src[2..4]);
-                for sb in 0..8 {
-                    let (sc, mn) = scale_min_k4(sb, &src[4..16]);
-                    blk[AT_SCALES + sb * ROWS + r] = sc;
-                    blk[AT_MINS + sb * ROWS + r] = mn;
-                }
-                for piece in 0..32 {
-                    let at = AT_QS + piece * 4 * ROWS + 4 * r;
-                    blk[at..at + 4].copy_from_slice(&src[16 + 4 * piece..16 + 4 * piece + 4]);
-                }
-            }
+            pack_q4k_block(&group, b, blk);
         }
     }
     out
+}
+
+/// Block `b` of sixteen Q4_K rows in the packed layout (`BLOCK` bytes of `blk`).
+fn pack_q4k_block(rows: &[&[u8]; ROWS], b: usize, blk: &mut [u8]) {
+    for (r, row) in rows.iter().enumerate() {
+        let src = &row[b * Q4K_BYTES..][..Q4K_BYTES];
+        blk[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+        blk[AT_DMIN + 2 * r..AT_DMIN + 2 * r + 2].copy_from_slice(&src[2..4]);
+        for sb in 0..8 {
+            let (sc, mn) = scale_min_k4(sb, &src[4..16]);
+            blk[AT_SCALES + sb * ROWS + r] = sc;
+            blk[AT_MINS + sb * ROWS + r] = mn;
+        }
+        for piece in 0..32 {
+            let at = AT_QS + piece * 4 * ROWS + 4 * r;
+            blk[at..at + 4].copy_from_slice(&src[16 + 4 * piece..16 + 4 * piece + 4]);
+        }
+    }
+}
+
+/// Sixteen Q4_K rows (ggml's layout) against the activation rows `acts`, every token summed as
+/// ggml's one-row kernel sums it (`Blocks`: its expert products), packing each block once for
+/// all the tokens: `out[t][r]`.
+pub fn q4k_rows_blocks(cols: usize, rows: [&[u8]; ROWS], acts: &[&[u8]], out: &mut [[f32; ROWS]]) {
+    let nb = cols / QK_K;
+    assert!(rows.iter().all(|r| r.len() >= nb * Q4K_BYTES) && out.len() >= acts.len());
+    assert!(acts.iter().all(|a| a.len() >= nb * Q8_K_BYTES) && available());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `available()` found the AVX-512 VNNI level; sizes checked above.
+    unsafe {
+        x86::q4k_rows_blocks(nb, &rows, acts, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("only on x86_64")
 }
 
 /// Four activation rows (Q8_K) against one group: `out[t][r]`, summed as ggml's four-row kernel
@@ -152,90 +174,137 @@ mod x86 {
         a: [&[u8]; R],
         pairs: bool,
     ) -> [[f32; ROWS]; R] {
-        let mut acc_s = [_mm512_setzero_ps(); R];
-        let mut acc_m = [_mm512_setzero_ps(); R];
-        let low4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
         for b in 0..nb {
-            let bw = group.as_ptr().add(b * BLOCK);
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(bw as *const __m256i));
-            let dminw = _mm512_cvtph_ps(_mm256_loadu_si256(bw.add(AT_DMIN) as *const __m256i));
-            let mut d = [_mm512_setzero_ps(); R];
-            let mut dmin = [_mm512_setzero_ps(); R];
-            // each token's sub-block sums of its activations (pairs of the 16 stored sums)
-            let mut sub = [[0i32; 8]; R];
-            let mut qa = [std::ptr::null::<u8>(); R];
-            for t in 0..R {
-                let ba = a[t].as_ptr().add(b * Q8_K_BYTES);
-                let da = _mm512_set1_ps(f32::from_le_bytes(*(ba as *const [u8; 4])));
-                d[t] = _mm512_mul_ps(dw, da);
-                dmin[t] = _mm512_mul_ps(dminw, da);
-                for (j, s) in sub[t].iter_mut().enumerate() {
-                    let p = ba.add(4 + QK_K + 4 * j);
-                    *s = i16::from_le_bytes([*p, *p.add(1)]) as i32
-                        + i16::from_le_bytes([*p.add(2), *p.add(3)]) as i32;
-                }
-                qa[t] = ba.add(4);
-            }
-            let mut blk_s = [_mm512_setzero_si512(); R];
-            let mut blk_m = [_mm512_setzero_si512(); R];
-            for c in 0..4 {
-                let mut lo_acc = [_mm512_setzero_si512(); R];
-                let mut hi_acc = [_mm512_setzero_si512(); R];
-                for piece in 0..8 {
-                    let v = _mm512_loadu_si512(
-                        bw.add(AT_QS + (c * 8 + piece) * 4 * ROWS) as *const __m512i
-                    );
-                    let lo = _mm512_and_si512(v, low4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                    for t in 0..R {
-                        let xl = (qa[t].add(64 * c + 4 * piece) as *const i32).read_unaligned();
-                        let xh =
-                            (qa[t].add(64 * c + 32 + 4 * piece) as *const i32).read_unaligned();
-                        lo_acc[t] = _mm512_dpbusd_epi32(lo_acc[t], lo, _mm512_set1_epi32(xl));
-                        hi_acc[t] = _mm512_dpbusd_epi32(hi_acc[t], hi, _mm512_set1_epi32(xh));
-                    }
-                }
-                let byte_lanes =
-                    |at: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(bw.add(at) as *const __m128i));
-                let (sc_lo, sc_hi) = (
-                    byte_lanes(AT_SCALES + 2 * c * ROWS),
-                    byte_lanes(AT_SCALES + (2 * c + 1) * ROWS),
-                );
-                let (mn_lo, mn_hi) = (
-                    byte_lanes(AT_MINS + 2 * c * ROWS),
-                    byte_lanes(AT_MINS + (2 * c + 1) * ROWS),
-                );
-                for t in 0..R {
-                    let p = _mm512_add_epi32(
-                        _mm512_mullo_epi32(lo_acc[t], sc_lo),
-                        _mm512_mullo_epi32(hi_acc[t], sc_hi),
-                    );
-                    let pm = _mm512_add_epi32(
-                        _mm512_mullo_epi32(mn_lo, _mm512_set1_epi32(sub[t][2 * c])),
-                        _mm512_mullo_epi32(mn_hi, _mm512_set1_epi32(sub[t][2 * c + 1])),
-                    );
-                    if pairs {
-                        acc_s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d[t], acc_s[t]);
-                        acc_m[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm), dmin[t], acc_m[t]);
-                    } else {
-                        blk_s[t] = _mm512_add_epi32(blk_s[t], p);
-                        blk_m[t] = _mm512_add_epi32(blk_m[t], pm);
-                    }
-                }
-            }
-            if !pairs {
-                for t in 0..R {
-                    acc_s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(blk_s[t]), d[t], acc_s[t]);
-                    acc_m[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(blk_m[t]), dmin[t], acc_m[t]);
-                }
-            }
+            let qa: [*const u8; R] = std::array::from_fn(|t| a[t].as_ptr().add(b * Q8_K_BYTES));
+            q4k_block(group.as_ptr().add(b * BLOCK), qa, pairs, &mut acc);
         }
         let mut out = [[0.0f32; ROWS]; R];
         for t in 0..R {
-            _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc_s[t], acc_m[t]));
+            _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc[t][0], acc[t][1]));
         }
         out
     }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn q4k_rows_blocks(
+        nb: usize,
+        rows: &[&[u8]; ROWS],
+        acts: &[&[u8]],
+        out: &mut [[f32; ROWS]],
+    ) {
+        let n = acts.len();
+        let mut acc = vec![[_mm512_setzero_ps(); 2]; n];
+        let mut blk = [0u8; BLOCK];
+        for b in 0..nb {
+            super::pack_q4k_block(rows, b, &mut blk);
+            let at = |t: usize| acts[t].as_ptr().add(b * Q8_K_BYTES);
+            let mut t = 0;
+            while t + 4 <= n {
+                let mut four = [acc[t], acc[t + 1], acc[t + 2], acc[t + 3]];
+                q4k_block(
+                    blk.as_ptr(),
+                    [at(t), at(t + 1), at(t + 2), at(t + 3)],
+                    false,
+                    &mut four,
+                );
+                acc[t..t + 4].copy_from_slice(&four);
+                t += 4;
+            }
+            for (t, a) in acc.iter_mut().enumerate().skip(t) {
+                let mut one = [*a];
+                q4k_block(blk.as_ptr(), [at(t)], false, &mut one);
+                *a = one[0];
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(a[0], a[1]));
+        }
+    }
+
+    /// One packed block (`bw`) against `R` tokens' activation blocks (`qa`), into each token's
+    /// `[sums, mins]` accumulators: ggml's float steps per pair of sub-blocks (`pairs`) or per
+    /// block.
+    #[inline(always)]
+    unsafe fn q4k_block<const R: usize>(
+        bw: *const u8,
+        qa: [*const u8; R],
+        pairs: bool,
+        acc: &mut [[__m512; 2]; R],
+    ) {
+        let low4 = _mm512_set1_epi8(0x0f);
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(bw as *const __m256i));
+        let dminw = _mm512_cvtph_ps(_mm256_loadu_si256(bw.add(AT_DMIN) as *const __m256i));
+        let mut d = [_mm512_setzero_ps(); R];
+        let mut dmin = [_mm512_setzero_ps(); R];
+        // each token's sub-block sums of its activations (pairs of the 16 stored sums)
+        let mut sub = [[0i32; 8]; R];
+        for t in 0..R {
+            let ba = qa[t];
+            let da = _mm512_set1_ps(f32::from_le_bytes(*(ba as *const [u8; 4])));
+            d[t] = _mm512_mul_ps(dw, da);
+            dmin[t] = _mm512_mul_ps(dminw, da);
+            for (j, s) in sub[t].iter_mut().enumerate() {
+                let p = ba.add(4 + QK_K + 4 * j);
+                *s = i16::from_le_bytes([*p, *p.add(1)]) as i32
+                    + i16::from_le_bytes([*p.add(2), *p.add(3)]) as i32;
+            }
+        }
+        let mut blk_s = [_mm512_setzero_si512(); R];
+        let mut blk_m = [_mm512_setzero_si512(); R];
+        for c in 0..4 {
+            let mut lo_acc = [_mm512_setzero_si512(); R];
+            let mut hi_acc = [_mm512_setzero_si512(); R];
+            for piece in 0..8 {
+                let v = _mm512_loadu_si512(
+                    bw.add(AT_QS + (c * 8 + piece) * 4 * ROWS) as *const __m512i
+                );
+                let lo = _mm512_and_si512(v, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                for t in 0..R {
+                    let x = qa[t].add(4);
+                    let xl = (x.add(64 * c + 4 * piece) as *const i32).read_unaligned();
+                    let xh = (x.add(64 * c + 32 + 4 * piece) as *const i32).read_unaligned();
+                    lo_acc[t] = _mm512_dpbusd_epi32(lo_acc[t], lo, _mm512_set1_epi32(xl));
+                    hi_acc[t] = _mm512_dpbusd_epi32(hi_acc[t], hi, _mm512_set1_epi32(xh));
+                }
+            }
+            let byte_lanes =
+                |at: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(bw.add(at) as *const __m128i));
+            let (sc_lo, sc_hi) = (
+                byte_lanes(AT_SCALES + 2 * c * ROWS),
+                byte_lanes(AT_SCALES + (2 * c + 1) * ROWS),
+            );
+            let (mn_lo, mn_hi) = (
+                byte_lanes(AT_MINS + 2 * c * ROWS),
+                byte_lanes(AT_MINS + (2 * c + 1) * ROWS),
+            );
+            for t in 0..R {
+                let p = _mm512_add_epi32(
+                    _mm512_mullo_epi32(lo_acc[t], sc_lo),
+                    _mm512_mullo_epi32(hi_acc[t], sc_hi),
+                );
+                let pm = _mm512_add_epi32(
+                    _mm512_mullo_epi32(mn_lo, _mm512_set1_epi32(sub[t][2 * c])),
+                    _mm512_mullo_epi32(mn_hi, _mm512_set1_epi32(sub[t][2 * c + 1])),
+                );
+                if pairs {
+                    acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d[t], acc[t][0]);
+                    acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pm), dmin[t], acc[t][1]);
+                } else {
+                    blk_s[t] = _mm512_add_epi32(blk_s[t], p);
+                    blk_m[t] = _mm512_add_epi32(blk_m[t], pm);
+                }
+            }
+        }
+        if !pairs {
+            for t in 0..R {
+                acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(blk_s[t]), d[t], acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(blk_m[t]), dmin[t], acc[t][1]);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     pub unsafe fn q6k_tiled_group(
         nb: usize,
