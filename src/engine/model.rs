@@ -16,6 +16,7 @@ use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
 use crate::backend::cpu::matmul::{matmul, matmul_prepared, Activations};
 use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::quant::QK8_0;
+use crate::backend::cpu::vec::gelu_mul;
 use crate::backend::cpu::ThreadPool;
 use crate::model::quants::{f16_to_f32, f32_to_f16, vec_dot_type};
 use crate::model::GgmlType;
@@ -672,27 +673,12 @@ pub fn glu(act: Act, gate: &mut [f32], up: &[f32]) {
             .iter_mut()
             .zip(up)
             .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
-        Act::Gelu => {
-            let table = gelu_table();
-            gate.iter_mut()
-                .zip(up)
-                .for_each(|(g, u)| *g = gelu(table, *g) * u);
-        }
+        Act::Gelu => gelu_mul(gelu_table(), gate, up),
     }
 }
 
-/// ggml's CPU GELU: inputs in (-10, 10) go through a table indexed by their f16 value, whose
-/// entries are the tanh approximation rounded to f16.
-fn gelu(table: &[u16], x: f32) -> f32 {
-    if x <= -10.0 {
-        0.0
-    } else if x >= 10.0 {
-        x
-    } else {
-        f16_to_f32(table[f32_to_f16(x) as usize])
-    }
-}
-
+/// ggml's CPU GELU table: inputs in (-10, 10) are looked up by their f16 value, the entries
+/// the tanh approximation rounded to f16 (`vec::gelu_mul` reads it), plus a padding entry.
 fn gelu_table() -> &'static [u16] {
     static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
     TABLE.get_or_init(|| {
@@ -705,6 +691,7 @@ fn gelu_table() -> &'static [u16] {
                 let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh());
                 f32_to_f16(y)
             })
+            .chain([0])
             .collect()
     })
 }
@@ -754,10 +741,14 @@ mod tests {
 
     #[test]
     fn gelu_matches_tanh_form() {
-        let t = gelu_table();
-        assert_eq!(gelu(t, 0.0), 0.0);
-        assert!((gelu(t, 1.0) - 0.841_192).abs() < 1e-3);
-        assert_eq!(gelu(t, -12.0), 0.0);
-        assert_eq!(gelu(t, 12.0), 12.0);
+        let gelu = |x: f32| {
+            let mut g = [x];
+            gelu_mul(gelu_table(), &mut g, &[1.0]);
+            g[0]
+        };
+        assert_eq!(gelu(0.0), 0.0);
+        assert!((gelu(1.0) - 0.841_192).abs() < 1e-3);
+        assert_eq!(gelu(-12.0), 0.0);
+        assert_eq!(gelu(12.0), 12.0);
     }
 }

@@ -138,8 +138,96 @@ pub fn f16_to_f32_slice(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml's GELU times `up` (`ggml_vec_geglu_f32`): `gate` at or below -10 gives 0, at or above 10
+/// itself times `up`, between through `table` (65,536 f16 results indexed by the input rounded
+/// to f16, plus one padding entry) times `up`.
+pub fn gelu_mul(table: &[u16], gate: &mut [f32], up: &[f32]) {
+    assert!(
+        table.len() > u16::MAX as usize + 1,
+        "the table carries a padding entry"
+    );
+    assert_eq!(gate.len(), up.len());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa() != Isa::Scalar {
+        // SAFETY: the ISA check found avx2 and f16c; the table's length was checked above.
+        done = unsafe { gelu_mul_f16c(table, gate, up) };
+    }
+    for (g, &u) in gate[done..].iter_mut().zip(&up[done..]) {
+        *g = gelu_one(table, *g, u);
+    }
+}
+
+#[inline]
+fn gelu_one(table: &[u16], x: f32, u: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x * u
+    } else {
+        f16_to_f32(table[f32_to_f16(x) as usize]) * u
+    }
+}
+
+/// Eight at a time: F16C's rounding to f16 (to nearest, even on ties, as ggml's conversion), a
+/// gather from the table and F16C back. Returns how many elements it did.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gelu_mul_f16c(table: &[u16], gate: &mut [f32], up: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let n = gate.len() / 8 * 8;
+    let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    let mask16 = _mm256_set1_epi32(0xffff);
+    for i in (0..n).step_by(8) {
+        let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+        let idx = _mm256_cvtepu16_epi32(h);
+        // 32 bits at byte 2 * idx: the entry in the low half (the padding entry keeps the last
+        // read inside the table)
+        let g32 = _mm256_and_si256(
+            _mm256_i32gather_epi32::<2>(table.as_ptr() as *const i32, idx),
+            mask16,
+        );
+        let halves = _mm_packus_epi32(
+            _mm256_castsi256_si128(g32),
+            _mm256_extracti128_si256::<1>(g32),
+        );
+        let y = _mm256_mul_ps(_mm256_cvtph_ps(halves), u);
+        let big = _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi);
+        let y = _mm256_blendv_ps(y, _mm256_mul_ps(x, u), big);
+        let small = _mm256_cmp_ps::<_CMP_LE_OQ>(x, lo);
+        let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), small);
+        _mm256_storeu_ps(gate.as_mut_ptr().add(i), y);
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gelu_vector_equals_one_at_a_time() {
+        // a table whose entries differ by index, so a wrong index shows
+        let table: Vec<u16> = (0..=u16::MAX as u32 + 1)
+            .map(|i| (i * 7919 % 31744) as u16)
+            .collect();
+        let mut x: Vec<f32> = (0..70_000)
+            .map(|i| (i as f32 - 35_000.0) * 3.3e-4)
+            .collect();
+        x.extend([
+            -10.0, 10.0, -10.5, 11.0, 65504.0, 1e-7, -1e-8, 0.0, -0.0, 9.999, -9.999,
+        ]);
+        let up: Vec<f32> = (0..x.len())
+            .map(|i| ((i % 13) as f32 - 6.0) * 0.25)
+            .collect();
+        let mut got = x.clone();
+        super::gelu_mul(&table, &mut got, &up);
+        for i in 0..x.len() {
+            let want = super::gelu_one(&table, x[i], up[i]);
+            assert_eq!(got[i].to_bits(), want.to_bits(), "x = {}", x[i]);
+        }
+    }
+
     use super::*;
 
     #[test]
