@@ -10,7 +10,6 @@
 use super::kv::KvCache;
 use super::SeqId;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use crate::backend::cpu::dot::kernel;
 use crate::backend::cpu::fa::{gemm_acc, soft_max_row};
@@ -221,16 +220,24 @@ fn attend_split(
     let view = shape.n_kv_view;
     let chunk = view.div_ceil(nth);
     let n_cells = kv.len(seq);
-    type Partial = (f32, f32, Vec<f32>);
-    let partials: Vec<Mutex<Partial>> = (0..shape.n_head * nth)
-        .map(|_| Mutex::new((f32::NEG_INFINITY, 0.0, Vec::new())))
-        .collect();
-    for_each_item(pool, shape.n_head * nth, Scratch::default, |sc, item| {
+    // each (head, chunk) item's running maximum and sum, and its unnormalized output
+    let n_items = shape.n_head * nth;
+    let mut ms = vec![(f32::NEG_INFINITY, 0.0f32); n_items];
+    let mut vkqs = vec![0.0f32; n_items * dv];
+    let (msp, vkqp) = (
+        SyncPtr::new(ms.as_mut_ptr()),
+        SyncPtr::new(vkqs.as_mut_ptr()),
+    );
+    for_each_item(pool, n_items, Scratch::default, |sc, item| {
         let (h, c) = (item / nth, item % nth);
         let (start, end) = ((c * chunk).min(n_cells), ((c + 1) * chunk).min(n_cells));
         let hq = &q[h * dk..(h + 1) * dk];
-        let (m, s) = one_head(kv, il, shape, (seq, p, h), hq, start..end, sc);
-        *partials[item].lock().unwrap_or_else(|e| e.into_inner()) = (m, s, sc.acc32.clone());
+        let ms_item = one_head(kv, il, shape, (seq, p, h), hq, start..end, sc);
+        // SAFETY: each item writes only its own entry of `ms` and its dv floats of `vkqs`.
+        unsafe {
+            *msp.get().add(item) = ms_item;
+            std::ptr::copy_nonoverlapping(sc.acc32.as_ptr(), vkqp.get().add(item * dv), dv);
+        }
     });
     for h in 0..shape.n_head {
         let dst = &mut out[h * dv..(h + 1) * dv];
@@ -240,13 +247,11 @@ fn attend_split(
             if c * chunk >= view {
                 continue;
             }
-            let part = partials[h * nth + c]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let (m, s, ref vkq) = *part;
+            let (m, s) = ms[h * nth + c];
             if s == 0.0 {
                 continue;
             }
+            let vkq = &vkqs[(h * nth + c) * dv..(h * nth + c + 1) * dv];
             let m_new = m_fin.max(m);
             let (so, sn) = ((m_fin - m_new).exp(), (m - m_new).exp());
             // as ggml's compiler builds `a*so + b*sn`: the first product fused

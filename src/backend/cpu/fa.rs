@@ -150,11 +150,10 @@ pub fn gemm_acc(
         unsafe { x86::gemm_acc_avx512(c, ldc, a, lda, b, ldb, (m, k, n)) };
         return;
     }
-    gemm_acc_scalar(c, ldc, a, lda, b, ldb, (m, k, n), 0);
+    gemm_acc_scalar(c, ldc, a, lda, b, ldb, (m, k, n));
 }
 
-/// The columns from `j0` on, one element at a time.
-#[allow(clippy::too_many_arguments)]
+/// [`gemm_acc`] one element at a time.
 fn gemm_acc_scalar(
     c: &mut [f32],
     ldc: usize,
@@ -163,10 +162,9 @@ fn gemm_acc_scalar(
     b: &[f32],
     ldb: usize,
     (m, k, n): (usize, usize, usize),
-    j0: usize,
 ) {
     for i in 0..m {
-        for j in j0..n {
+        for j in 0..n {
             let mut acc = c[i * ldc + j];
             for kk in 0..k {
                 acc = a[i * lda + kk].mul_add(b[kk * ldb + j], acc);
@@ -382,7 +380,7 @@ mod tests {
             let mut got = c0.clone();
             gemm_acc(&mut got, ldc, &a, lda, &b, ldb, (m, k, n));
             let mut want = c0.clone();
-            gemm_acc_scalar(&mut want, ldc, &a, lda, &b, ldb, (m, k, n), 0);
+            gemm_acc_scalar(&mut want, ldc, &a, lda, &b, ldb, (m, k, n));
             assert!(
                 got.iter()
                     .zip(&want)

@@ -133,11 +133,7 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
     if let Some(packed) = w.packed {
         return packed_product(pool, w, packed, act, out);
     }
-    if w.ty == GgmlType::Q6K
-        && act.n >= TILED_MIN_ROWS
-        && w.rows.is_multiple_of(packed::ROWS)
-        && packed::q6k_tiled_available()
-    {
+    if w.ty == GgmlType::Q6K && act.n >= TILED_MIN_ROWS && packed::in_groups(w.rows) {
         return q6k_tiled_product(pool, w, act, out);
     }
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
@@ -167,9 +163,8 @@ fn packed_product(pool: &ThreadPool, w: &QMat, packed: &[u8], act: &Activations,
             let grp = &packed[g * gb..(g + 1) * gb];
             let r0 = g * packed::ROWS;
             // SAFETY: this thread writes only its groups' columns of every output row.
-            let put = |t: usize, v: &[f32; packed::ROWS]| unsafe {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), out.get().add(t * w.rows + r0), v.len())
-            };
+            let put =
+                |t: usize, v: &[f32; packed::ROWS]| unsafe { put_group(out, t * w.rows + r0, v) };
             let mut t = 0;
             while t + 4 <= n {
                 let a = [act.row(t), act.row(t + 1), act.row(t + 2), act.row(t + 3)];
@@ -205,17 +200,19 @@ fn q6k_tiled_product(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut [
                 packed::q6k_tiled_group(w.cols, rows, &acts, &mut sums);
                 for (t, v) in (t0..t1).zip(&sums) {
                     // SAFETY: this thread writes only its groups' columns of every output row.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            v.as_ptr(),
-                            out.get().add(t * w.rows + r0),
-                            packed::ROWS,
-                        )
-                    };
+                    unsafe { put_group(out, t * w.rows + r0, v) };
                 }
             }
         }
     });
+}
+
+/// One token's results for a group of rows, at `out[at..at + ROWS]`.
+///
+/// # Safety
+/// `out` must hold those entries and no other thread may write them meanwhile.
+unsafe fn put_group(out: SyncPtr<f32>, at: usize, v: &[f32; packed::ROWS]) {
+    std::ptr::copy_nonoverlapping(v.as_ptr(), out.get().add(at), packed::ROWS);
 }
 
 /// Many small products in one threaded pass: for pair `j = (block, t)`,
@@ -359,11 +356,7 @@ pub unsafe fn group_tile(
         let mut sums = vec![[0.0f32; packed::ROWS]; acts.len()];
         packed::q4k_rows_blocks(w.cols, rows, &acts, &mut sums);
         for (j, v) in sums.iter().enumerate() {
-            std::ptr::copy_nonoverlapping(
-                v.as_ptr(),
-                out.get().add((g.out + j) * rows_per + r0),
-                packed::ROWS,
-            );
+            put_group(out, (g.out + j) * rows_per + r0, v);
         }
         return;
     }

@@ -23,9 +23,15 @@ const AT_QS: usize = AT_MINS + 8 * ROWS;
 /// Bytes of one group's block.
 pub const BLOCK: usize = AT_QS + ROWS * 128;
 
+/// Whether this module's kernels serve a matrix of `rows` rows: whole groups, on a CPU with the
+/// kernels.
+pub fn in_groups(rows: usize) -> bool {
+    rows > 0 && rows.is_multiple_of(ROWS) && available()
+}
+
 /// Whether [`pack_q4k`] applies: Q4_K rows in whole groups, on a CPU with the kernel.
 pub fn packable(ty: GgmlType, rows: usize) -> bool {
-    ty == GgmlType::Q4K && rows > 0 && rows.is_multiple_of(ROWS) && available()
+    ty == GgmlType::Q4K && in_groups(rows)
 }
 
 fn available() -> bool {
@@ -91,7 +97,7 @@ pub fn q4k_rows_blocks(cols: usize, rows: [&[u8]; ROWS], acts: &[&[u8]], out: &m
 pub fn q4k_group_x4(cols: usize, group: &[u8], a: [&[u8]; 4]) -> [[f32; ROWS]; 4] {
     check(cols, group, &a);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: groups exist only where `available()` found the AVX-512 VNNI level; sizes checked.
+    // SAFETY: `check` asserted `available()` (the AVX-512 VNNI level) and the sizes.
     unsafe {
         x86::q4k_group::<4>(cols / QK_K, group, a, true)
     }
@@ -114,26 +120,21 @@ pub fn q4k_group_x1(cols: usize, group: &[u8], a: &[u8]) -> [f32; ROWS] {
 fn check(cols: usize, group: &[u8], a: &[&[u8]]) {
     let nb = cols / QK_K;
     assert!(group.len() >= nb * BLOCK && a.iter().all(|a| a.len() >= nb * Q8_K_BYTES));
+    assert!(available(), "packed kernels need the AVX-512 VNNI level");
 }
 
-/// Q6_K products of eight or more activation rows (`dot::TILED_MIN_ROWS`) in groups of [`ROWS`] weight rows,
-/// repacked on the fly: each block of the group's rows is unpacked once into a small buffer (a
-/// byte per weight, four of a row side by side per lane) and used for every token of the tile.
-/// The float steps are ggml's tiled product's (`avx2::KFloat::Tiled`): per block the integer
-/// sum times `d`, then one multiply-add by the activations' scale, lane by lane.
-pub fn q6k_tiled_available() -> bool {
-    available()
-}
-
-/// `rows` (sixteen Q6_K rows of `cols` columns) against the activation rows `acts` (Q8_K):
-/// `out[t][r]`.
+/// Q6_K products of eight or more activation rows (`dot::TILED_MIN_ROWS`): `rows` (sixteen Q6_K
+/// rows of `cols` columns) against the activation rows `acts` (Q8_K), `out[t][r]`. Each block of
+/// the rows is unpacked once into a small buffer (a byte per weight, four of a row side by side
+/// per lane) and used for every token. The float steps are ggml's tiled product's
+/// (`avx2::KFloat::Tiled`): per block the integer sum times `d`, then one multiply-add by the
+/// activations' scale, lane by lane.
 pub fn q6k_tiled_group(cols: usize, rows: [&[u8]; ROWS], acts: &[&[u8]], out: &mut [[f32; ROWS]]) {
     let nb = cols / QK_K;
-    assert!(rows.iter().all(|r| r.len() >= nb * Q6K_BYTES));
+    assert!(rows.iter().all(|r| r.len() >= nb * Q6K_BYTES) && available());
     assert!(acts.iter().all(|a| a.len() >= nb * Q8_K_BYTES) && out.len() >= acts.len());
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: called only where `q6k_tiled_available()` found the AVX-512 VNNI level; sizes
-    // checked above.
+    // SAFETY: `available()` found the AVX-512 VNNI level; sizes checked above.
     unsafe {
         x86::q6k_tiled_group(nb, &rows, acts, out)
     }
@@ -370,6 +371,18 @@ mod tests {
     use crate::backend::cpu::dot::{kernel, kernel4};
     use crate::model::quants::{f32_to_f16, quantize_activations};
 
+    /// `n` activation rows of `cols` values `x(i, t)`, as Q8_K.
+    fn q8k_acts(n: usize, cols: usize, x: impl Fn(usize, usize) -> f32) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|t| {
+                let row: Vec<f32> = (0..cols).map(|i| x(i, t)).collect();
+                let mut q = Vec::new();
+                quantize_activations(GgmlType::Q8K, &row, &mut q).unwrap();
+                q
+            })
+            .collect()
+    }
+
     /// Q4_K rows with random quants, scales, mins and block scales.
     fn q4k_rows(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
         let mut next = || {
@@ -393,7 +406,7 @@ mod tests {
 
     #[test]
     fn q6k_tiled_groups_equal_the_row_kernel() {
-        if !q6k_tiled_available() {
+        if !in_groups(ROWS) {
             return;
         }
         let mut seed = 0x0123_4567_89ab_cdefu64;
@@ -413,16 +426,9 @@ mod tests {
             let d = f32_to_f16(0.0005 + (next() % 1000) as f32 * 1e-6).to_le_bytes();
             w.extend_from_slice(&d);
         }
-        let acts: Vec<Vec<u8>> = (0..11)
-            .map(|t| {
-                let x: Vec<f32> = (0..cols)
-                    .map(|i| (((i * 5 + t * 17) % 29) as f32 - 14.0) * 0.21)
-                    .collect();
-                let mut q = Vec::new();
-                quantize_activations(GgmlType::Q8K, &x, &mut q).unwrap();
-                q
-            })
-            .collect();
+        let acts = q8k_acts(11, cols, |i, t| {
+            (((i * 5 + t * 17) % 29) as f32 - 14.0) * 0.21
+        });
         let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
         let rb = nb * Q6K_BYTES;
         let rows: [&[u8]; ROWS] = std::array::from_fn(|r| &w[r * rb..(r + 1) * rb]);
@@ -449,16 +455,9 @@ mod tests {
         let (rows, cols) = (32, 768);
         let w = q4k_rows(rows, cols, &mut seed);
         let packed = pack_q4k(&w, rows, cols);
-        let acts: Vec<Vec<u8>> = (0..4)
-            .map(|t| {
-                let x: Vec<f32> = (0..cols)
-                    .map(|i| (((i * 7 + t * 13) % 23) as f32 - 11.0) * 0.37)
-                    .collect();
-                let mut q = Vec::new();
-                quantize_activations(GgmlType::Q8K, &x, &mut q).unwrap();
-                q
-            })
-            .collect();
+        let acts = q8k_acts(4, cols, |i, t| {
+            (((i * 7 + t * 13) % 23) as f32 - 11.0) * 0.37
+        });
         let one = kernel(GgmlType::Q4K).unwrap();
         let four = kernel4(GgmlType::Q4K).unwrap();
         let rb = cols / QK_K * Q4K_BYTES;
