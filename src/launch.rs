@@ -18,7 +18,7 @@ use crate::chat::{
     StreamParser, ToolSyntax,
 };
 use crate::cli::{Config, PlacementIntent};
-use crate::engine::{self, CardExperts, EngineParams};
+use crate::engine::{self, CardExperts, EngineParams, RopeOverrides, RopeScaling};
 use crate::hub;
 use crate::model::{GgmlType, GgufFile};
 use crate::placement::{
@@ -352,6 +352,21 @@ pub fn engine_params(cfg: &Config, intent: &PlacementIntent, shape: SlotShape) -
         swa_full: cfg.context.swa_full,
         gpu: None,
         card_experts: None,
+        rope: rope_overrides(&cfg.context),
+    }
+}
+
+/// `--rope-*` and `--yarn-*` as the engine takes them (the defaults leave the model's values).
+fn rope_overrides(c: &crate::cli::config::Context) -> RopeOverrides {
+    RopeOverrides {
+        scaling: RopeScaling::parse(&c.rope_scaling),
+        freq_base: c.rope_freq_base,
+        freq_scale: c.rope_freq_scale,
+        yarn_orig_ctx: c.yarn_orig_ctx.max(0) as u32,
+        yarn_ext_factor: c.yarn_ext_factor,
+        yarn_attn_factor: c.yarn_attn_factor,
+        yarn_beta_fast: c.yarn_beta_fast,
+        yarn_beta_slow: c.yarn_beta_slow,
     }
 }
 

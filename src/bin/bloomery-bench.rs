@@ -91,6 +91,7 @@ fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result
         swa_full: false,
         gpu: None,
         card_experts: None,
+        ..EngineParams::default()
     };
     if let Some(&ordinal) = m.get_one::<usize>("gpu") {
         let extra: Vec<String> = m

@@ -431,7 +431,6 @@ const ROUTER: &str = "router mode (several models)";
 const EMBEDDINGS: &str = "embeddings and reranking";
 const LORA: &str = "LoRA adapters";
 const CONTROL_VECTORS: &str = "control vectors";
-const ROPE: &str = "RoPE and YaRN overrides (the model's own values are used)";
 const STATIC_FILES: &str = "static files and the web UI";
 
 static COMMON: &[Opt] = &[
@@ -562,14 +561,12 @@ static COMMON: &[Opt] = &[
         p.config.context.rope_scaling = one_of(v, &["none", "linear", "yarn"])?;
         Ok(())
     })
-    .env("LLAMA_ARG_ROPE_SCALING_TYPE")
-    .pending(ROPE),
+    .env("LLAMA_ARG_ROPE_SCALING_TYPE"),
     text(&["--rope-scale"], "N", "RoPE context scale: the context grows N times", |p, v| {
         p.config.context.rope_freq_scale = 1.0 / stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_ROPE_SCALE")
-    .pending(ROPE),
+    .env("LLAMA_ARG_ROPE_SCALE"),
     text(&["--rope-freq-base"], "N", "RoPE base frequency for NTK-aware scaling (default: the model's)", |p, v| {
         p.config.context.rope_freq_base = stof(v)?;
         Ok(())
@@ -579,38 +576,32 @@ static COMMON: &[Opt] = &[
         p.config.context.rope_freq_scale = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_ROPE_FREQ_SCALE")
-    .pending(ROPE),
+    .env("LLAMA_ARG_ROPE_FREQ_SCALE"),
     int(&["--yarn-orig-ctx"], "N", "YaRN: the model's original context (default: 0 = its training context)", |p, v| {
         p.config.context.yarn_orig_ctx = v;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_ORIG_CTX")
-    .pending(ROPE),
+    .env("LLAMA_ARG_YARN_ORIG_CTX"),
     text(&["--yarn-ext-factor"], "N", "YaRN: extrapolation mix, 0.0 = interpolate only (default: -1.00)", |p, v| {
         p.config.context.yarn_ext_factor = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_EXT_FACTOR")
-    .pending(ROPE),
+    .env("LLAMA_ARG_YARN_EXT_FACTOR"),
     text(&["--yarn-attn-factor"], "N", "YaRN: attention magnitude scale (default: -1.00)", |p, v| {
         p.config.context.yarn_attn_factor = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_ATTN_FACTOR")
-    .pending(ROPE),
+    .env("LLAMA_ARG_YARN_ATTN_FACTOR"),
     text(&["--yarn-beta-slow"], "N", "YaRN: high correction dimension, alpha (default: -1.00)", |p, v| {
         p.config.context.yarn_beta_slow = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_BETA_SLOW")
-    .pending(ROPE),
+    .env("LLAMA_ARG_YARN_BETA_SLOW"),
     text(&["--yarn-beta-fast"], "N", "YaRN: low correction dimension, beta (default: -1.00)", |p, v| {
         p.config.context.yarn_beta_fast = stof(v)?;
         Ok(())
     })
-    .env("LLAMA_ARG_YARN_BETA_FAST")
-    .pending(ROPE),
+    .env("LLAMA_ARG_YARN_BETA_FAST"),
     toggle(&["-kvo", "--kv-offload"], &["-nkvo", "--no-kv-offload"], "keep the KV cache on the devices (default: enabled)", |p, v| {
         p.placement.kv_offload = p.sourced(v);
         Ok(())

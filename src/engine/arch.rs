@@ -19,6 +19,40 @@ pub enum Act {
     Silu,
     /// GeGLU with the tanh approximation of GELU: gelu(gate) * up.
     Gelu,
+    /// gpt-oss's clamped SwiGLU: `min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)`.
+    SwigluOai,
+}
+
+/// How router logits become expert weights (llama.cpp's `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, top-k of the probabilities.
+    Softmax,
+    /// Sigmoid of each logit; a selection bias (`exp_probs_b`) may steer the top-k.
+    Sigmoid,
+    /// Top-k of the raw logits, softmax over the chosen ones (gpt-oss).
+    SoftmaxWeight,
+}
+
+impl Gating {
+    /// The GGUF key's code (`{arch}.expert_gating_func`); 0 means "the family's default".
+    fn from_code(code: usize) -> Option<Option<Gating>> {
+        match code {
+            0 => Some(None),
+            1 => Some(Some(Gating::Softmax)),
+            2 => Some(Some(Gating::Sigmoid)),
+            3 => Some(Some(Gating::SoftmaxWeight)),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a family's layers carry a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    No,
+    Optional,
+    Required,
 }
 
 /// What a family's layers contain beyond the common pre-norm attention + gated FFN block.
@@ -30,7 +64,10 @@ pub struct ArchSpec {
     /// Token embeddings are multiplied by sqrt(n_embd) (gemma).
     pub embd_scale: bool,
     /// RMS norms on each head of Q and K before RoPE.
-    pub qk_norm: bool,
+    pub qk_norm: Presence,
+    /// The name of the norm in front of the FFN (`ffn_norm`, or `post_attention_norm` where a
+    /// family stores it under that name: gpt-oss, glm4moe).
+    pub ffn_norm: &'static str,
     /// Norms on the attention and FFN outputs before their residual adds (gemma).
     pub post_norms: bool,
     /// Q is multiplied by the attention scale before attention, which then runs with scale 1
@@ -41,6 +78,23 @@ pub struct ArchSpec {
     pub swa_period: Option<u32>,
     /// Mixture-of-experts layers are allowed (`{arch}.expert_count` > 0).
     pub moe: bool,
+    /// The family's expert gating, unless the file's `expert_gating_func` names one (read only
+    /// where llama.cpp reads it: `gating_key`).
+    pub gating: Gating,
+    pub gating_key: bool,
+    /// Top-k weights renormalized to sum to 1: fixed by the family, or `None` to read
+    /// `expert_weights_norm` (default false).
+    pub expert_norm: Option<bool>,
+    /// Per-head attention sinks (`attn_sinks`): a logit every query's softmax also counts.
+    pub sinks: bool,
+    /// Sliding-window layers use the same RoPE base default and scaling as the others (gpt-oss);
+    /// otherwise they default to base 10000 without scaling (gemma3).
+    pub swa_rope_same: bool,
+    /// Only the rows whose logits are wanted go through the last layer's FFN (most families);
+    /// gpt-oss trims them after the last layer.
+    pub trim_last_ffn: bool,
+    /// The CUDA engine builds this family's layers.
+    pub cuda: bool,
 }
 
 const fn base(name: &'static str, rope: RopeKind) -> ArchSpec {
@@ -49,11 +103,19 @@ const fn base(name: &'static str, rope: RopeKind) -> ArchSpec {
         rope,
         act: Act::Silu,
         embd_scale: false,
-        qk_norm: false,
+        qk_norm: Presence::No,
+        ffn_norm: "ffn_norm",
         post_norms: false,
         scale_q: false,
         swa_period: None,
         moe: false,
+        gating: Gating::Softmax,
+        gating_key: false,
+        expert_norm: Some(true),
+        sinks: false,
+        swa_rope_same: false,
+        trim_last_ffn: true,
+        cuda: true,
     }
 }
 
@@ -64,22 +126,49 @@ pub const ARCHS: &[ArchSpec] = &[
     },
     base("qwen2", RopeKind::Neox),
     ArchSpec {
-        qk_norm: true,
+        qk_norm: Presence::Required,
         ..base("qwen3", RopeKind::Neox)
     },
     ArchSpec {
-        qk_norm: true,
+        qk_norm: Presence::Required,
         moe: true,
         ..base("qwen3moe", RopeKind::Neox)
     },
     ArchSpec {
         act: Act::Gelu,
         embd_scale: true,
-        qk_norm: true,
+        qk_norm: Presence::Required,
         post_norms: true,
         scale_q: true,
         swa_period: Some(6),
         ..base("gemma3", RopeKind::Neox)
+    },
+    // gpt-oss: biases on Q/K/V/O and every expert, attention sinks, every other layer windowed,
+    // YaRN on all layers, top-k of the raw router logits then a softmax over those
+    ArchSpec {
+        act: Act::SwigluOai,
+        ffn_norm: "post_attention_norm",
+        swa_period: Some(2),
+        moe: true,
+        gating: Gating::SoftmaxWeight,
+        expert_norm: Some(false),
+        sinks: true,
+        swa_rope_same: true,
+        trim_last_ffn: false,
+        cuda: false,
+        ..base("gpt-oss", RopeKind::Neox)
+    },
+    // GLM-4.5: Q/K/V biases, partial RoPE, leading dense layers, sigmoid routing with a
+    // selection bias, shared experts; optional Q/K norms (the 355B model)
+    ArchSpec {
+        qk_norm: Presence::Optional,
+        ffn_norm: "post_attention_norm",
+        moe: true,
+        gating: Gating::Sigmoid,
+        gating_key: true,
+        expert_norm: None,
+        cuda: false,
+        ..base("glm4moe", RopeKind::Neox)
     },
 ];
 
@@ -106,18 +195,100 @@ pub struct Hparams {
     pub n_rot: usize,
     pub eps: f32,
     pub rope_base: f32,
-    /// Position multiplier (1 / linear scaling factor).
+    /// Position multiplier (1 / the scaling factor).
     pub rope_scale: f32,
     pub rope_base_swa: f32,
+    pub rope_scale_swa: f32,
+    pub yarn: Yarn,
     pub n_swa: u32,
     pub swa_layers: Vec<bool>,
     pub final_softcap: Option<f32>,
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
+    pub gating: Gating,
     /// Top-k expert weights are renormalized to sum to 1.
     pub expert_norm: bool,
     pub expert_scale: f32,
+    /// Shared experts run on every token beside the routed ones (`expert_shared_count`).
+    pub n_expert_shared: usize,
+    /// The first layers have a dense FFN (`leading_dense_block_count`).
+    pub n_leading_dense: usize,
+}
+
+/// YaRN's RoPE parameters as llama.cpp's context derives them (`ext_factor` 0: plain RoPE, and
+/// then only `attn_factor` applies, as a multiplier of cos and sin).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: u32,
+}
+
+impl Yarn {
+    /// ggml's `ggml_rope_yarn_corr_dims`: the first and last dimension pair of the ramp between
+    /// extrapolated and interpolated angles.
+    pub fn corr_dims(&self, n_rot: usize, base: f32) -> [f32; 2] {
+        let corr = |beta: f32| {
+            let pi2 = beta * 2.0 * std::f32::consts::PI;
+            n_rot as f32 * (self.n_ctx_orig as f32 / pi2).ln() / (2.0 * base.ln())
+        };
+        let start = corr(self.beta_fast).floor();
+        let end = corr(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n_rot as f32 - 1.0)]
+    }
+}
+
+/// A RoPE scaling type (`rope.scaling.type`, `--rope-scaling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeScaling {
+    None,
+    Linear,
+    Yarn,
+}
+
+impl RopeScaling {
+    pub fn parse(s: &str) -> Option<RopeScaling> {
+        match s {
+            "none" => Some(RopeScaling::None),
+            "linear" => Some(RopeScaling::Linear),
+            "yarn" => Some(RopeScaling::Yarn),
+            _ => None,
+        }
+    }
+}
+
+/// The command line's RoPE and YaRN settings (`--rope-scaling`, `--rope-freq-base`,
+/// `--rope-freq-scale`/`--rope-scale`, `--yarn-*`) in llama.cpp's terms: `None`, 0 or a negative
+/// value leaves the model's. They apply to the layers without a window; windowed layers keep the
+/// file's base and scale, as upstream's do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeOverrides {
+    pub scaling: Option<RopeScaling>,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub yarn_orig_ctx: u32,
+    pub yarn_ext_factor: f32,
+    pub yarn_attn_factor: f32,
+    pub yarn_beta_fast: f32,
+    pub yarn_beta_slow: f32,
+}
+
+impl Default for RopeOverrides {
+    fn default() -> Self {
+        RopeOverrides {
+            scaling: None,
+            freq_base: 0.0,
+            freq_scale: 0.0,
+            yarn_orig_ctx: 0,
+            yarn_ext_factor: -1.0,
+            yarn_attn_factor: -1.0,
+            yarn_beta_fast: -1.0,
+            yarn_beta_slow: -1.0,
+        }
+    }
 }
 
 pub struct Keys<'a> {
@@ -185,9 +356,22 @@ impl Keys<'_> {
 }
 
 impl Hparams {
-    pub fn read(spec: &ArchSpec, keys: &Keys) -> Result<Hparams, EngineError> {
+    /// The hyper-parameters of the file `keys` reads, with the command line's RoPE settings
+    /// (`rope`) over the file's.
+    pub fn read(
+        spec: &ArchSpec,
+        keys: &Keys,
+        rope: &RopeOverrides,
+    ) -> Result<Hparams, EngineError> {
         let n_embd = keys.usize("embedding_length")?;
-        let n_layer = keys.usize("block_count")?;
+        // multi-token-prediction layers (`nextn_predict_layers`) follow the trunk's and are
+        // skipped, as llama.cpp skips them unless asked to draft with them
+        let n_nextn = keys.opt_usize("nextn_predict_layers")?.unwrap_or(0);
+        let n_layer = keys
+            .usize("block_count")?
+            .checked_sub(n_nextn)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| EngineError::Load("no layers besides the next-token ones".into()))?;
         let n_head = keys.usize("attention.head_count")?;
         let n_head_kv = keys.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
         if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
@@ -208,19 +392,46 @@ impl Hparams {
         let eps = keys
             .opt_f32("attention.layer_norm_rms_epsilon")?
             .unwrap_or(1e-5);
-        let rope_base = keys.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
-        let rope_scale = match (
-            keys.opt_str("rope.scaling.type"),
-            keys.opt_f32("rope.scaling.factor")?,
-        ) {
-            (Some("linear"), Some(f)) if f > 0.0 => 1.0 / f,
-            (Some("none") | None, _) | (Some("linear"), _) => 1.0,
-            (Some(other), _) => {
-                return Err(EngineError::Load(format!(
-                    "rope scaling {other:?} is not supported yet"
-                )))
-            }
+        // the file's values (llama.cpp's `hparams`), then the command line's over them (its
+        // `cparams`); windowed layers keep the file's
+        let base_train = keys.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+        let scaling_train = keys.opt_str("rope.scaling.type").unwrap_or("linear");
+        let scaling_train = RopeScaling::parse(scaling_train).ok_or_else(|| {
+            EngineError::Load(format!(
+                "rope scaling {scaling_train:?} is not supported yet"
+            ))
+        })?;
+        // the factor scales positions whatever the type says (absent type: linear)
+        let factor = keys
+            .opt_f32("rope.scaling.factor")?
+            .or(keys.opt_f32("rope.scale_linear")?)
+            .filter(|&f| f != 0.0);
+        let scale_train = factor.map_or(1.0, |f| 1.0 / f);
+        let scaling = rope.scaling.unwrap_or(scaling_train);
+        let rope_base = if rope.freq_base != 0.0 {
+            rope.freq_base
+        } else {
+            base_train
         };
+        let rope_scale = match scaling {
+            RopeScaling::None => 1.0,
+            _ if rope.freq_scale != 0.0 => rope.freq_scale,
+            _ => scale_train,
+        };
+        let n_ctx_train = keys.opt_usize("context_length")?.unwrap_or(0) as u32;
+        let n_ctx_orig = match rope.yarn_orig_ctx {
+            0 => keys
+                .opt_usize("rope.scaling.original_context_length")?
+                .map_or(n_ctx_train, |n| n as u32),
+            n => n,
+        };
+        let yarn = Yarn::derive(
+            scaling == RopeScaling::Yarn,
+            rope_scale,
+            keys.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+            n_ctx_orig,
+            rope,
+        );
         let n_swa = keys.opt_usize("attention.sliding_window")?.unwrap_or(0) as u32;
         let swa_layers = match spec.swa_period {
             Some(period) if n_swa > 0 => keys
@@ -239,7 +450,12 @@ impl Hparams {
                 }),
             _ => vec![false; n_layer],
         };
-        let rope_base_swa = keys.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0);
+        let (base_swa, rope_scale_swa) = if spec.swa_rope_same {
+            (base_train, scale_train)
+        } else {
+            (10000.0, 1.0)
+        };
+        let rope_base_swa = keys.opt_f32("rope.freq_base_swa")?.unwrap_or(base_swa);
         let n_expert = if spec.moe {
             keys.opt_usize("expert_count")?.unwrap_or(0)
         } else {
@@ -259,9 +475,35 @@ impl Hparams {
         let n_ff_exp = keys
             .opt_usize("expert_feed_forward_length")?
             .unwrap_or(n_ff);
-        // llama (Mixtral) and qwen3moe always renormalize; later families say so in a key
-        let expert_norm = keys.opt_bool("expert_weights_norm")?.unwrap_or(true);
-        let expert_scale = keys.opt_f32("expert_weights_scale")?.unwrap_or(1.0);
+        // llama (Mixtral) and qwen3moe always renormalize, gpt-oss never; later families say so
+        // in a key
+        let expert_norm = match spec.expert_norm {
+            Some(v) => v,
+            None => keys.opt_bool("expert_weights_norm")?.unwrap_or(false),
+        };
+        // 0 (the default) and 1 both mean no scaling
+        let expert_scale = keys
+            .opt_f32("expert_weights_scale")?
+            .filter(|&s| s != 0.0)
+            .unwrap_or(1.0);
+        let mut gating = spec.gating;
+        if spec.gating_key {
+            if let Some(code) = keys.opt_usize("expert_gating_func")? {
+                match Gating::from_code(code) {
+                    Some(g) => gating = g.unwrap_or(spec.gating),
+                    None => {
+                        return Err(EngineError::Load(format!(
+                            "expert gating function {code} is not supported"
+                        )))
+                    }
+                }
+            }
+        }
+        let n_expert_shared = keys.opt_usize("expert_shared_count")?.unwrap_or(0);
+        let n_leading_dense = keys
+            .opt_usize("leading_dense_block_count")?
+            .unwrap_or(0)
+            .min(n_layer);
         let softcap = |v: Option<f32>| v.filter(|&c| c != 0.0);
         Ok(Hparams {
             n_embd,
@@ -276,14 +518,55 @@ impl Hparams {
             rope_base,
             rope_scale,
             rope_base_swa,
+            rope_scale_swa,
+            yarn,
             n_swa,
             swa_layers,
             final_softcap: softcap(keys.opt_f32("final_logit_softcapping")?),
             n_expert,
             n_expert_used,
             n_ff_exp,
+            gating,
             expert_norm,
             expert_scale,
+            n_expert_shared,
+            n_leading_dense,
         })
+    }
+}
+
+impl Yarn {
+    /// The parameters llama.cpp's context sets up (`llama_context`'s constructor) for the
+    /// scaling type in effect, the position scale, the file's `rope.scaling.attn_factor` and the
+    /// command line's settings: YaRN extrapolates fully (`ext_factor` 1) unless told otherwise,
+    /// and then its magnitude comes from the factor (a `--yarn-attn-factor` is overwritten, as
+    /// upstream overwrites it), cancelling the correction ggml's kernel applies.
+    pub fn derive(
+        is_yarn: bool,
+        freq_scale: f32,
+        rope_attn_factor: f32,
+        n_ctx_orig: u32,
+        cli: &RopeOverrides,
+    ) -> Yarn {
+        let set = |v: f32, default: f32| if v >= 0.0 { v } else { default };
+        let mut y = Yarn {
+            ext_factor: set(cli.yarn_ext_factor, if is_yarn { 1.0 } else { 0.0 }),
+            attn_factor: set(cli.yarn_attn_factor, 1.0),
+            beta_fast: set(cli.yarn_beta_fast, 32.0),
+            beta_slow: set(cli.yarn_beta_slow, 1.0),
+            n_ctx_orig,
+        };
+        if y.ext_factor != 0.0 {
+            // llama.cpp's `get_mscale(factor, 1)`, then the kernel's own correction cancelled
+            let factor = 1.0 / freq_scale;
+            y.attn_factor = if factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * factor.ln() + 1.0
+            };
+            y.attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+        }
+        y.attn_factor *= rope_attn_factor;
+        y
     }
 }

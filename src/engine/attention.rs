@@ -27,7 +27,7 @@ pub enum AttnMode {
     Exact,
 }
 
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim_k: usize,
@@ -36,6 +36,8 @@ pub struct AttnShape {
     pub scale: f32,
     /// Sliding window (0: none): keys at `p - n_swa` or earlier are hidden from position `p`.
     pub n_swa: u32,
+    /// Per query head, a logit the softmax counts beside the cells' (gpt-oss's sinks).
+    pub sinks: Option<&'a [f32]>,
     pub mode: AttnMode,
     /// Cells upstream's graph attends over in a one-token step (`KvCache::n_kv_view`), 0 for
     /// other steps: 512 or more takes ggml's split decode path.
@@ -78,12 +80,33 @@ pub fn attend(
             std::slice::from_raw_parts_mut(out.get().add(item * shape.head_dim_v), shape.head_dim_v)
         };
         let n_cells = kv.len(seqs[i]);
-        let (_, s) = one_head(kv, il, shape, (seqs[i], pos[i], h), hq, 0..n_cells, sc);
+        let (m, s) = one_head(kv, il, shape, (seqs[i], pos[i], h), hq, 0..n_cells, sc);
+        let (_, s) = apply_sink(shape, h, (m, s), &mut sc.acc32);
         let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
         dst.iter_mut()
             .zip(&sc.acc32)
             .for_each(|(d, &a)| *d = a * inv);
     });
+}
+
+/// ggml's sink step after a head's cells: the sink's logit joins the running maximum and sum as
+/// one more score whose value row is zero. Returns the new `(M, S)`.
+fn apply_sink(shape: &AttnShape, h: usize, (m, s): (f32, f32), acc: &mut [f32]) -> (f32, f32) {
+    let Some(sinks) = shape.sinks else {
+        return (m, s);
+    };
+    let sink = sinks[h];
+    let (mut ms, mut vs) = (1.0f32, 1.0f32);
+    let mut m = m;
+    if sink > m {
+        ms = (m - sink).exp();
+        m = sink;
+        acc.iter_mut().for_each(|a| *a *= ms);
+    } else {
+        vs = (sink - m).exp();
+    }
+    // fused, as `S = S*ms + vs` in the cell loop
+    (m, s.mul_add(ms, vs))
 }
 
 /// Runs `f(scratch, item)` for items `0..n` on the pool's threads, each taking the next item
@@ -232,7 +255,11 @@ fn attend_split(
         let (h, c) = (item / nth, item % nth);
         let (start, end) = ((c * chunk).min(n_cells), ((c + 1) * chunk).min(n_cells));
         let hq = &q[h * dk..(h + 1) * dk];
-        let ms_item = one_head(kv, il, shape, (seq, p, h), hq, start..end, sc);
+        let mut ms_item = one_head(kv, il, shape, (seq, p, h), hq, start..end, sc);
+        // ggml applies the sink in the first chunk only
+        if c == 0 {
+            ms_item = apply_sink(shape, h, ms_item, &mut sc.acc32);
+        }
         // SAFETY: each item writes only its own entry of `ms` and its dv floats of `vkqs`.
         unsafe {
             *msp.get().add(item) = ms_item;
@@ -434,6 +461,10 @@ fn attend_tiled(
                 nkvh * dv,
                 (rows, c1 - c0, dv),
             );
+        }
+        for r in 0..rows {
+            let acc = &mut sc.vkq[r * dv..(r + 1) * dv];
+            (m[r], s[r]) = apply_sink(shape, h, (m[r], s[r]), acc);
         }
         for (r, &i) in toks.iter().enumerate() {
             let inv = if s[r] == 0.0 { 0.0 } else { 1.0 / s[r] };

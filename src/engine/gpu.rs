@@ -637,7 +637,18 @@ fn residency(layers: &[GpuLayer], n_expert: usize) -> Option<Swaps> {
 
 /// Why the card cannot serve these weights with these parameters, if it cannot (checked before
 /// any upload).
-pub fn unsupported(w: &Weights, hp: &Hparams, params: &EngineParams) -> Option<String> {
+pub fn unsupported(
+    spec: &ArchSpec,
+    w: &Weights,
+    hp: &Hparams,
+    params: &EngineParams,
+) -> Option<String> {
+    if !spec.cuda {
+        return Some(format!(
+            "the CUDA engine does not build {} layers yet",
+            spec.name
+        ));
+    }
     if params.type_k != GgmlType::F16 || params.type_v != GgmlType::F16 {
         return Some(format!(
             "the CUDA engine keeps its KV cache in f16; -ctk {} -ctv {} are not built for it yet",
@@ -660,6 +671,7 @@ pub fn unsupported(w: &Weights, hp: &Hparams, params: &EngineParams) -> Option<S
                 gate,
                 up,
                 down,
+                ..
             } => [Some(router), Some(gate), Some(up), Some(down)],
         };
         types.extend(ffn.into_iter().flatten().map(|t| (t.name.clone(), t.ty)));
@@ -709,6 +721,7 @@ impl GpuModel {
                     gate,
                     up,
                     down,
+                    ..
                 } => {
                     let chosen = params
                         .card_experts
@@ -1505,6 +1518,7 @@ fn moe(
             &pairs,
             &mut side.y,
             &mut side.bufs,
+            None,
         );
         let t2 = std::time::Instant::now();
         side.waits[1] += t2 - t1;

@@ -18,6 +18,7 @@ mod model;
 mod moe;
 pub mod tier;
 
+pub use arch::{RopeOverrides, RopeScaling};
 pub use gpu::GROUP_ROWS;
 mod weights;
 
@@ -203,6 +204,8 @@ pub struct EngineParams {
     /// others stay in host memory, computed there for small batches and streamed through the
     /// card for long prompts. `None`: every expert on the card.
     pub card_experts: Option<CardExperts>,
+    /// `--rope-*` and `--yarn-*` over the model's RoPE parameters.
+    pub rope: RopeOverrides,
 }
 
 /// Per layer, the ascending indices of the experts with a card copy (empty for a dense layer or
@@ -223,6 +226,7 @@ impl Default for EngineParams {
             swa_full: false,
             gpu: None,
             card_experts: None,
+            rope: RopeOverrides::default(),
         }
     }
 }
@@ -239,11 +243,11 @@ pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, 
         gguf,
         arch: arch_name,
     };
-    let hp = arch::Hparams::read(spec, &keys)?;
+    let hp = arch::Hparams::read(spec, &keys, &params.rope)?;
     let loader = weights::Loader::new(gguf)?;
     if let Some(ordinal) = params.gpu {
         let w = model::Weights::load(spec, &hp, &loader)?;
-        match gpu::unsupported(&w, &hp, params) {
+        match gpu::unsupported(spec, &w, &hp, params) {
             Some(why) => log::warn!("serving on the CPU: {why}"),
             None => {
                 let cuda = crate::backend::cuda::Cuda::open(ordinal)?;

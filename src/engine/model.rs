@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::arch::{Act, ArchSpec, Hparams, RopeKind};
+use super::arch::{Act, ArchSpec, Hparams, Presence, RopeKind, Yarn};
 use super::attention::{attend, AttnMode, AttnShape};
 use super::dump;
 use super::kv::{KvCache, SeqCells, UpstreamLayout};
@@ -16,11 +16,13 @@ use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
 use crate::backend::cpu::matmul::{matmul, matmul_prepared, Activations};
 use crate::backend::cpu::pool::{split_range, SyncPtr};
 use crate::backend::cpu::quant::QK8_0;
-use crate::backend::cpu::vec::gelu_mul;
+use crate::backend::cpu::vec::{gelu_mul, silu_mul};
 use crate::backend::cpu::ThreadPool;
 use crate::model::quants::{f16_to_f32, f32_to_f16, vec_dot_type};
 use crate::model::GgmlType;
 
+// one per layer: boxing the larger variant would save nothing worth an indirection
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Ffn {
     Dense {
         gate: Tensor,
@@ -32,7 +34,46 @@ pub(super) enum Ffn {
         gate: Tensor,
         up: Tensor,
         down: Tensor,
+        /// Added to the router's logits (gpt-oss).
+        router_b: Option<Vec<f32>>,
+        /// Added to the gating probabilities for choosing experts only (`exp_probs_b`).
+        probs_b: Option<Vec<f32>>,
+        /// Per-expert biases of the three products (gpt-oss).
+        bias: Option<ExpertBias>,
+        /// Shared experts: a dense gated FFN every token runs beside its routed experts.
+        shared: Option<[Tensor; 3]>,
     },
+}
+
+impl Ffn {
+    /// A MoE layer's routed-expert tensors; `None` for a dense layer.
+    pub fn moe_weights(&self) -> Option<super::moe::MoeWeights<'_>> {
+        match self {
+            Ffn::Dense { .. } => None,
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+                router_b,
+                probs_b,
+                bias,
+                ..
+            } => Some(super::moe::MoeWeights {
+                mats: [router, gate, up, down],
+                router_b: router_b.as_deref(),
+                probs_b: probs_b.as_deref(),
+                bias: bias.as_ref(),
+            }),
+        }
+    }
+}
+
+/// Per-expert biases: `gate` and `up` hold `n_ff_exp` floats per expert, `down` `n_embd`.
+pub struct ExpertBias {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 pub(super) struct Layer {
@@ -51,6 +92,8 @@ pub(super) struct Layer {
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// Per-head attention sinks (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
     pub swa: bool,
     pub rope_base: f32,
     pub rope_scale: f32,
@@ -118,13 +161,36 @@ impl Weights {
             let t = |name: &str| format!("blk.{il}.{name}");
             let norm = |name: &str| ld.vector(&t(name), n_embd);
             let opt_norm = |name: &str, n| ld.optional_vector(&t(name), n);
-            let ffn = if hp.n_expert > 0 {
+            let ffn = if hp.n_expert > 0 && il >= hp.n_leading_dense {
                 let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
+                let bias = if ld.has(&t("ffn_gate_exps.bias")) {
+                    Some(ExpertBias {
+                        gate: ld.floats(&t("ffn_gate_exps.bias"), &[nf, ne])?,
+                        up: ld.floats(&t("ffn_up_exps.bias"), &[nf, ne])?,
+                        down: ld.floats(&t("ffn_down_exps.bias"), &[n_embd, ne])?,
+                    })
+                } else {
+                    None
+                };
+                let shared = if hp.n_expert_shared > 0 {
+                    let ns = nf * hp.n_expert_shared;
+                    Some([
+                        ld.matrix(&t("ffn_gate_shexp.weight"), &[n_embd, ns])?,
+                        ld.matrix(&t("ffn_up_shexp.weight"), &[n_embd, ns])?,
+                        ld.matrix(&t("ffn_down_shexp.weight"), &[ns, n_embd])?,
+                    ])
+                } else {
+                    None
+                };
                 Ffn::Moe {
                     router: ld.matrix(&t("ffn_gate_inp.weight"), &[n_embd, ne])?,
                     gate: ld.matrix(&t("ffn_gate_exps.weight"), &[n_embd, nf, ne])?,
                     up: ld.matrix(&t("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
                     down: ld.matrix(&t("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
+                    router_b: ld.optional_vector(&t("ffn_gate_inp.bias"), ne)?,
+                    probs_b: ld.optional_vector(&t("exp_probs_b.bias"), ne)?,
+                    bias,
+                    shared,
                 }
             } else {
                 Ffn::Dense {
@@ -134,12 +200,10 @@ impl Weights {
                 }
             };
             let swa = hp.swa_layers[il];
-            let qk_norm = |name: &str| {
-                if spec.qk_norm {
-                    ld.vector(&t(name), hk).map(Some)
-                } else {
-                    Ok(None)
-                }
+            let qk_norm = |name: &str| match spec.qk_norm {
+                Presence::Required => ld.vector(&t(name), hk).map(Some),
+                Presence::Optional => ld.optional_vector(&t(name), hk),
+                Presence::No => Ok(None),
             };
             let post = |name: &str| {
                 if spec.post_norms {
@@ -161,12 +225,21 @@ impl Weights {
                 q_norm: qk_norm("attn_q_norm.weight")?,
                 k_norm: qk_norm("attn_k_norm.weight")?,
                 post_attn_norm: post("post_attention_norm.weight")?,
-                ffn_norm: norm("ffn_norm.weight")?,
+                ffn_norm: norm(&format!("{}.weight", spec.ffn_norm))?,
                 ffn,
                 post_ffn_norm: post("post_ffw_norm.weight")?,
+                sinks: if spec.sinks {
+                    Some(ld.vector(&t("attn_sinks.weight"), hp.n_head)?)
+                } else {
+                    None
+                },
                 swa,
                 rope_base: if swa { hp.rope_base_swa } else { hp.rope_base },
-                rope_scale: if swa { 1.0 } else { hp.rope_scale },
+                rope_scale: if swa {
+                    hp.rope_scale_swa
+                } else {
+                    hp.rope_scale
+                },
             });
         }
         Ok(Weights {
@@ -346,7 +419,7 @@ impl Model {
             let kind = self.spec.rope;
             let qk_rows = b.q.chunks_exact_mut(nq).zip(b.k.chunks_exact_mut(nkv));
             for ((qr, kr), &p) in qk_rows.zip(pos) {
-                let cache = rope_cache(p, hp.n_rot, layer.rope_base, layer.rope_scale);
+                let cache = rope_cache(p, hp.n_rot, layer.rope_base, layer.rope_scale, &hp.yarn);
                 for h in qr.chunks_exact_mut(hk).chain(kr.chunks_exact_mut(hk)) {
                     rope(h, &cache, kind);
                 }
@@ -378,6 +451,7 @@ impl Model {
                 scale: kq_scale,
                 n_swa: if layer.swa { hp.n_swa } else { 0 },
                 mode,
+                sinks: layer.sinks.as_deref(),
                 // a one-token step of one sequence: the view decides ggml's split decode
                 n_kv_view: if n == 1 {
                     self.kv.n_kv_view(seqs[0], layer.swa)
@@ -406,14 +480,16 @@ impl Model {
             dump::put("sa_out", Some(il), &b.x, n_embd);
             rms_norm_rows(&b.x, &layer.ffn_norm, hp.eps, n_embd, &mut b.cur);
             dump::put("ffn_norm", Some(il), &b.cur, n_embd);
-            if il + 1 == n_layer && wanted.len() < n {
-                if let (Some(heat), Ffn::Moe { router, .. }) = (self.routes.as_mut(), &layer.ffn) {
+            // most families trim here; gpt-oss after the last layer (below), unless no row at all
+            // is wanted
+            let trim = self.spec.trim_last_ffn || wanted.is_empty();
+            if il + 1 == n_layer && wanted.len() < n && trim {
+                if let (Some(heat), Some(mw)) = (self.routes.as_mut(), layer.ffn.moe_weights()) {
                     // counting routes: the rows that stop here are routed all the same
                     let stop: Vec<usize> = (0..n).filter(|i| !wanted.contains(i)).collect();
                     let mut cur = b.cur.clone();
                     keep_rows(&mut cur, &stop, n_embd);
-                    let routes =
-                        super::moe::routes_of(pool, hp, router, &cur, stop.len(), &mut b.act);
+                    let routes = super::moe::routes_of(pool, hp, &mw, &cur, stop.len(), &mut b.act);
                     super::moe::record(heat, il as u32, &routes);
                 }
                 // as ggml: only the rows whose logits are wanted go on into the last FFN (the
@@ -429,51 +505,54 @@ impl Model {
             b.ffn.resize(rows * n_embd, 0.0);
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
-                    let nf = hp.n_ff;
-                    b.gate.resize(rows * nf, 0.0);
-                    b.up.resize(rows * nf, 0.0);
-                    // gate and up share one conversion of the input when their types allow
-                    b.act.prepare(pool, gate.ty, &b.cur, n_embd, rows);
-                    matmul_prepared(pool, &gate.product_mat(), &b.act, &mut b.gate);
-                    if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
-                        matmul_prepared(pool, &up.product_mat(), &b.act, &mut b.up);
-                    } else {
-                        matmul(pool, &up.product_mat(), &b.cur, rows, &mut b.up, &mut b.act);
-                    }
-                    dump::put("ffn_gate", Some(il), &b.gate, nf);
-                    dump::put("ffn_up", Some(il), &b.up, nf);
-                    glu_threaded(pool, self.spec.act, &mut b.gate, &b.up);
-                    let glu_name = match self.spec.act {
-                        Act::Silu => "ffn_swiglu",
-                        Act::Gelu => "ffn_geglu",
-                    };
-                    dump::put(glu_name, Some(il), &b.gate, nf);
-                    matmul(
+                    dense_ffn(
                         pool,
-                        &down.product_mat(),
-                        &b.gate,
+                        self.spec.act,
+                        [gate, up, down],
+                        &b.cur,
+                        rows,
+                        DenseBufs {
+                            gate: &mut b.gate,
+                            up: &mut b.up,
+                            out: &mut b.ffn,
+                            act: &mut b.act,
+                        },
+                        Some(il),
+                    );
+                }
+                Ffn::Moe { shared, .. } => {
+                    super::moe::moe_ffn(
+                        pool,
+                        hp,
+                        self.spec.act,
+                        layer.ffn.moe_weights().expect("a MoE layer"),
+                        &b.cur,
                         rows,
                         &mut b.ffn,
                         &mut b.act,
+                        &mut b.pairs,
+                        self.routes.as_mut().map(|h| (h, il as u32)),
                     );
+                    if let Some([sg, su, sd]) = shared {
+                        b.o.resize(rows * n_embd, 0.0);
+                        dense_ffn(
+                            pool,
+                            Act::Silu,
+                            [sg, su, sd],
+                            &b.cur,
+                            rows,
+                            DenseBufs {
+                                gate: &mut b.gate,
+                                up: &mut b.up,
+                                out: &mut b.o,
+                                act: &mut b.act,
+                            },
+                            None,
+                        );
+                        // routed + shared, as ggml adds them
+                        b.ffn.iter_mut().zip(&b.o).for_each(|(r, s)| *r += s);
+                    }
                 }
-                Ffn::Moe {
-                    router,
-                    gate,
-                    up,
-                    down,
-                } => super::moe::moe_ffn(
-                    pool,
-                    hp,
-                    self.spec.act,
-                    [router, gate, up, down],
-                    &b.cur,
-                    rows,
-                    &mut b.ffn,
-                    &mut b.act,
-                    &mut b.pairs,
-                    self.routes.as_mut().map(|h| (h, il as u32)),
-                ),
             }
             dump::put("ffn_out", Some(il), &b.ffn, n_embd);
             if let Some(w) = &layer.post_ffn_norm {
@@ -486,8 +565,12 @@ impl Model {
         if wanted.is_empty() {
             return Ok(());
         }
+        if rows != wanted.len() {
+            // gpt-oss: every row went through the last layer
+            keep_rows(&mut b.x, &wanted, n_embd);
+            rows = wanted.len();
+        }
         // the rows left are the wanted ones, in order
-        debug_assert_eq!(rows, wanted.len());
         b.cur.resize(rows * n_embd, 0.0);
         for j in 0..rows {
             rms_norm(
@@ -620,16 +703,85 @@ fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
     }
 }
 
+/// The buffers of [`dense_ffn`].
+struct DenseBufs<'a> {
+    gate: &'a mut Vec<f32>,
+    up: &'a mut Vec<f32>,
+    out: &'a mut Vec<f32>,
+    act: &'a mut Activations,
+}
+
+/// A gated FFN `down(act(gate x) * up x)` of the `rows` rows of `cur` into `b.out`; `dump_layer`
+/// names the layer whose tensors are dumped (`None`: a shared expert, not dumped).
+fn dense_ffn(
+    pool: &ThreadPool,
+    act: Act,
+    [gate, up, down]: [&Tensor; 3],
+    cur: &[f32],
+    rows: usize,
+    b: DenseBufs,
+    dump_layer: Option<usize>,
+) {
+    let (n_embd, nf) = (gate.shape[0], gate.shape[1]);
+    b.gate.resize(rows * nf, 0.0);
+    b.up.resize(rows * nf, 0.0);
+    b.out.resize(rows * n_embd, 0.0);
+    // gate and up share one conversion of the input when their types allow
+    b.act.prepare(pool, gate.ty, cur, n_embd, rows);
+    matmul_prepared(pool, &gate.product_mat(), b.act, b.gate);
+    if vec_dot_type(up.ty) == vec_dot_type(gate.ty) {
+        matmul_prepared(pool, &up.product_mat(), b.act, b.up);
+    } else {
+        matmul(pool, &up.product_mat(), cur, rows, b.up, b.act);
+    }
+    if let Some(il) = dump_layer {
+        dump::put("ffn_gate", Some(il), b.gate, nf);
+        dump::put("ffn_up", Some(il), b.up, nf);
+    }
+    glu_threaded(pool, act, b.gate, b.up);
+    if let Some(il) = dump_layer {
+        let glu_name = match act {
+            Act::Silu => "ffn_swiglu",
+            Act::Gelu => "ffn_geglu",
+            Act::SwigluOai => "ffn_swiglu_oai",
+        };
+        dump::put(glu_name, Some(il), b.gate, nf);
+    }
+    matmul(pool, &down.product_mat(), b.gate, rows, b.out, b.act);
+}
+
 /// cos/sin pairs for one position, computed as ggml does: the angle multiplied by
-/// `base^(-2/n_rot)` step by step in f32.
-pub fn rope_cache(pos: u32, n_rot: usize, base: f32, scale: f32) -> Vec<(f32, f32)> {
+/// `base^(-2/n_rot)` step by step in f32, with YaRN's ramp between the interpolated and the
+/// extrapolated angle and its magnitude factor where `yarn` asks for them.
+pub fn rope_cache(pos: u32, n_rot: usize, base: f32, scale: f32, yarn: &Yarn) -> Vec<(f32, f32)> {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let ext = yarn.ext_factor;
+    let corr = if ext != 0.0 {
+        yarn.corr_dims(n_rot, base)
+    } else {
+        [0.0; 2]
+    };
+    // ggml's compiler fuses the `1 + 0.1 * log` of the magnitude correction
+    let mscale = if ext != 0.0 {
+        yarn.attn_factor * 0.1f32.mul_add((1.0 / scale).ln(), 1.0)
+    } else {
+        yarn.attn_factor
+    };
     let mut theta = pos as f32;
     (0..n_rot / 2)
-        .map(|_| {
-            let t = scale * theta;
+        .map(|i| {
+            let extrap = theta;
+            let interp = scale * extrap;
+            let t = if ext != 0.0 {
+                let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+                let ramp = (1.0 - y.clamp(0.0, 1.0)) * ext;
+                // the first product fused, as ggml's compiler builds `a*b + c*d`
+                interp.mul_add(1.0 - ramp, extrap * ramp)
+            } else {
+                interp
+            };
             theta *= theta_scale;
-            (t.cos(), t.sin())
+            (t.cos() * mscale, t.sin() * mscale)
         })
         .collect()
 }
@@ -669,11 +821,17 @@ pub fn glu_threaded(pool: &ThreadPool, act: Act, gate: &mut [f32], up: &[f32]) {
 /// `gate = act(gate) * up`.
 pub fn glu(act: Act, gate: &mut [f32], up: &[f32]) {
     match act {
-        Act::Silu => gate
-            .iter_mut()
-            .zip(up)
-            .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
+        // pieces of rows start a multiple of 16 values into their row (ggml's vectors)
+        Act::Silu => silu_mul(gate, up),
         Act::Gelu => gelu_mul(gelu_table(), gate, up),
+        // ggml_swiglu_oai's alpha and limit, element by element with libm's expf
+        Act::SwigluOai => gate.iter_mut().zip(up).for_each(|(g, &u)| {
+            const ALPHA: f32 = 1.702;
+            const LIMIT: f32 = 7.0;
+            let x = if LIMIT < *g { LIMIT } else { *g };
+            let y = u.clamp(-LIMIT, LIMIT);
+            *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+        }),
     }
 }
 
@@ -729,7 +887,13 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs() {
-        let cache = rope_cache(1, 4, 10000.0, 1.0);
+        let cache = rope_cache(
+            1,
+            4,
+            10000.0,
+            1.0,
+            &Yarn::derive(false, 1.0, 1.0, 4096, &Default::default()),
+        );
         let mut a = [1.0, 0.0, 1.0, 0.0];
         rope(&mut a, &cache, RopeKind::Norm);
         assert!((a[0] - 1f32.cos()).abs() < 1e-6 && (a[1] - 1f32.sin()).abs() < 1e-6);

@@ -4,10 +4,11 @@
 //! (token, expert) pair in one threaded pass per matrix ([`expert_pairs`], which the CUDA engine
 //! also uses for the experts it keeps on the host).
 
-use super::arch::{Act, Hparams};
-use super::model::glu;
+use super::arch::{Act, Gating, Hparams};
+use super::model::{glu, ExpertBias};
 use super::tier::heat::Heat;
 use super::weights::Tensor;
+use crate::backend::cpu::fa::soft_max_any;
 use crate::backend::cpu::matmul::{
     check_groups, group_tile, group_tiles, matmul, matmul_groups, matmul_pairs, pair_dots,
     Activations, Group,
@@ -60,6 +61,7 @@ pub fn expert_pairs(
     pairs: &[(usize, usize)],
     out: &mut [f32],
     b: &mut PairBufs,
+    bias: Option<&ExpertBias>,
 ) {
     let e = gate.cols;
     let n_tok = x.len() / e;
@@ -83,10 +85,35 @@ pub fn expert_pairs(
         [&b.x, x_up],
         &mut b.gate,
         &mut b.up,
+        bias,
     );
     b.h.prepare(&b.serial, down.ty, &b.gate, nf, np);
     let by_pair: Vec<(usize, usize)> = pairs.iter().enumerate().map(|(j, p)| (p.1, j)).collect();
     matmul_pairs(pool, &down, e, &by_pair, &b.h, out);
+    if let Some(bias) = bias {
+        for (o, &(_, x)) in out.chunks_exact_mut(e).zip(pairs) {
+            add_row(o, &bias.down[x * e..(x + 1) * e]);
+        }
+    }
+}
+
+/// `o += b`, element by element (ggml's `add_id` of an expert's bias row).
+fn add_row(o: &mut [f32], b: &[f32]) {
+    o.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+}
+
+/// Adds the gate and up biases of `expert` to `nf`-wide rows' entries `r0..r0 + g.len()`.
+fn add_glu_bias(
+    bias: &ExpertBias,
+    nf: usize,
+    expert: usize,
+    r0: usize,
+    g: &mut [f32],
+    u: &mut [f32],
+) {
+    let at = expert * nf + r0;
+    add_row(g, &bias.gate[at..at + g.len()]);
+    add_row(u, &bias.up[at..at + u.len()]);
 }
 
 /// [`matmul_pairs`] of `gate` and `up` over the same pairs in one pass, each thread applying the
@@ -101,6 +128,7 @@ fn matmul_pairs_glu(
     [xg, xu]: [&Activations; 2],
     g: &mut [f32],
     u: &mut [f32],
+    bias: Option<&ExpertBias>,
 ) {
     let n = pairs.len() * rows_per;
     let (gp, up_out) = (SyncPtr::new(g.as_mut_ptr()), SyncPtr::new(u.as_mut_ptr()));
@@ -118,6 +146,17 @@ fn matmul_pairs_glu(
         };
         pair_dots(gate, rows_per, pairs, xg, i0, gs);
         pair_dots(up, rows_per, pairs, xu, i0, us);
+        if let Some(bias) = bias {
+            // row by row of each pair this thread holds
+            let mut i = i0;
+            while i < i1 {
+                let (j, r) = (i / rows_per, i % rows_per);
+                let end = ((j + 1) * rows_per).min(i1);
+                let (a, z) = (i - i0, end - i0);
+                add_glu_bias(bias, rows_per, pairs[j].0, r, &mut gs[a..z], &mut us[a..z]);
+                i = end;
+            }
+        }
         glu(act, gs, us);
     });
 }
@@ -137,6 +176,7 @@ fn expert_groups(
     routes: &[Vec<(usize, f32)>],
     ys: &mut [f32],
     b: &mut PairBufs,
+    bias: Option<&ExpertBias>,
 ) {
     let (e, n) = (gate.cols, routes.len());
     let k = routes.first().map_or(0, Vec::len);
@@ -184,11 +224,12 @@ fn expert_groups(
                 group_tile(&up, nf, gr, x_up, r0, r1, upp);
                 for j in 0..gr.rows.len() {
                     let at = (gr.out + j) * nf + r0;
-                    glu(
-                        act,
-                        std::slice::from_raw_parts_mut(gp.get().add(at), r1 - r0),
-                        std::slice::from_raw_parts(upp.get().add(at), r1 - r0),
-                    );
+                    let g = std::slice::from_raw_parts_mut(gp.get().add(at), r1 - r0);
+                    let u = std::slice::from_raw_parts_mut(upp.get().add(at), r1 - r0);
+                    if let Some(bias) = bias {
+                        add_glu_bias(bias, nf, gr.block, r0, g, u);
+                    }
+                    glu(act, g, u);
                 }
             }
         }
@@ -200,7 +241,10 @@ fn expert_groups(
     let mut y = vec![0.0f32; np * e];
     matmul_groups(pool, &down, e, &groups, &b.h, &mut y);
     for (p, &(t, s)) in order.iter().enumerate() {
-        let w = routes[t][s].1;
+        let (x, w) = routes[t][s];
+        if let Some(bias) = bias {
+            add_row(&mut y[p * e..(p + 1) * e], &bias.down[x * e..(x + 1) * e]);
+        }
         ys[(t * k + s) * e..(t * k + s + 1) * e]
             .iter_mut()
             .zip(&y[p * e..(p + 1) * e])
@@ -208,22 +252,77 @@ fn expert_groups(
     }
 }
 
-/// The experts token `t` uses, best first, with their weights.
-pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f32)> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let total: f32 = exps.iter().sum();
-    let probs: Vec<f32> = exps.iter().map(|&e| e / total).collect();
+/// How a family turns router logits into chosen experts and weights.
+#[derive(Clone, Copy, Debug)]
+pub struct Routing {
+    pub k: usize,
+    pub gating: Gating,
+    /// Renormalize the chosen weights to sum to 1.
+    pub norm: bool,
+    pub scale: f32,
+}
+
+impl Routing {
+    pub fn of(hp: &Hparams) -> Routing {
+        Routing {
+            k: hp.n_expert_used,
+            gating: hp.gating,
+            norm: hp.expert_norm,
+            scale: hp.expert_scale,
+        }
+    }
+}
+
+/// ggml's `soft_max` of one row: its maximum, `exp(x - max)` in ggml's order, then each value
+/// times the reciprocal of the (double) sum.
+fn soft_max(x: &[f32]) -> Vec<f32> {
+    let max = x
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    let mut y = x.to_vec();
+    let sum = soft_max_any(&mut y, max);
+    let inv = (1.0 / sum) as f32;
+    y.iter_mut().for_each(|v| *v *= inv);
+    y
+}
+
+/// The experts a token with router `logits` (biases added) uses, with their weights, in ggml's
+/// slot order (the second best, the best, then the rest best first), as llama.cpp's
+/// `build_moe_ffn` chooses and weighs them: gating probabilities, top-k of those
+/// plus the selection bias `probs_b`, the chosen probabilities (a softmax over them for
+/// [`Gating::SoftmaxWeight`]), then optional renormalization and scaling.
+pub fn route(logits: &[f32], probs_b: Option<&[f32]>, r: &Routing) -> Vec<(usize, f32)> {
+    let probs = match r.gating {
+        Gating::Softmax => soft_max(logits),
+        Gating::Sigmoid => logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect(),
+        Gating::SoftmaxWeight => logits.to_vec(),
+    };
+    let select: Vec<f32> = match probs_b {
+        Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
+        None => probs.clone(),
+    };
     let mut order: Vec<usize> = (0..probs.len()).collect();
-    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-    let mut chosen: Vec<(usize, f32)> = order[..k].iter().map(|&e| (e, probs[e])).collect();
-    if norm {
-        // ggml clamps the sum so an all-zero top-k cannot divide by zero
-        let sum = chosen.iter().map(|c| c.1).sum::<f32>().max(6.103_515_6e-5);
+    order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
+    let mut chosen: Vec<(usize, f32)> = order[..r.k].iter().map(|&e| (e, probs[e])).collect();
+    // ggml's top-k writes the best two swapped (its "order is not important"), and the slots'
+    // outputs are summed in that order
+    if chosen.len() > 1 {
+        chosen.swap(0, 1);
+    }
+    if r.gating == Gating::SoftmaxWeight {
+        let w: Vec<f32> = chosen.iter().map(|c| c.1).collect();
+        for (c, w) in chosen.iter_mut().zip(soft_max(&w)) {
+            c.1 = w;
+        }
+    }
+    if r.norm {
+        // ggml sums in double and clamps the sum so an all-zero top-k cannot divide by zero
+        let sum = chosen.iter().map(|c| c.1 as f64).sum::<f64>() as f32;
+        let sum = sum.max(6.103_515_6e-5);
         chosen.iter_mut().for_each(|c| c.1 /= sum);
     }
-    if scale != 1.0 {
-        chosen.iter_mut().for_each(|c| c.1 *= scale);
+    if r.scale != 1.0 {
+        chosen.iter_mut().for_each(|c| c.1 *= r.scale);
     }
     chosen
 }
@@ -232,18 +331,32 @@ pub fn route(logits: &[f32], k: usize, norm: bool, scale: f32) -> Vec<(usize, f3
 pub fn routes_of(
     pool: &ThreadPool,
     hp: &Hparams,
-    router: &Tensor,
+    w: &MoeWeights,
     cur: &[f32],
     n: usize,
     abuf: &mut Activations,
 ) -> Vec<Vec<(usize, f32)>> {
     let ne = hp.n_expert;
     let mut logits = vec![0.0; n * ne];
-    matmul(pool, &router.mat(), cur, n, &mut logits, abuf);
+    matmul(pool, &w.mats[0].mat(), cur, n, &mut logits, abuf);
+    let routing = Routing::of(hp);
     logits
-        .chunks_exact(ne)
-        .map(|l| route(l, hp.n_expert_used, hp.expert_norm, hp.expert_scale))
+        .chunks_exact_mut(ne)
+        .map(|l| {
+            if let Some(b) = w.router_b {
+                add_row(l, b);
+            }
+            route(l, w.probs_b, &routing)
+        })
         .collect()
+}
+
+/// A MoE layer's tensors: router, gate, up, down, and the biases some families add.
+pub struct MoeWeights<'a> {
+    pub mats: [&'a Tensor; 4],
+    pub router_b: Option<&'a [f32]>,
+    pub probs_b: Option<&'a [f32]>,
+    pub bias: Option<&'a ExpertBias>,
 }
 
 /// Counts each row's chosen experts into `heat` for `layer`.
@@ -263,7 +376,7 @@ pub fn moe_ffn(
     pool: &ThreadPool,
     hp: &Hparams,
     act: Act,
-    [router, gate, up, down]: [&Tensor; 4],
+    w: MoeWeights,
     cur: &[f32],
     n: usize,
     out: &mut [f32],
@@ -272,7 +385,8 @@ pub fn moe_ffn(
     seen: Option<(&mut Heat, u32)>,
 ) {
     let (k, nf, n_embd) = (hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
-    let routes = routes_of(pool, hp, router, cur, n, abuf);
+    let routes = routes_of(pool, hp, &w, cur, n, abuf);
+    let [_, gate, up, down] = w.mats;
     if let Some((heat, layer)) = seen {
         record(heat, layer, &routes);
     }
@@ -285,7 +399,17 @@ pub fn moe_ffn(
             .enumerate()
             .flat_map(|(t, r)| r.iter().map(move |c| (t, c.0)))
             .collect();
-        expert_pairs(pool, act, [gm, um, dm], nf, cur, &pairs, &mut ys, pairs_buf);
+        expert_pairs(
+            pool,
+            act,
+            [gm, um, dm],
+            nf,
+            cur,
+            &pairs,
+            &mut ys,
+            pairs_buf,
+            w.bias,
+        );
         for (j, (t, s)) in (0..n).flat_map(|t| (0..k).map(move |s| (t, s))).enumerate() {
             let w = routes[t][s].1;
             ys[j * n_embd..(j + 1) * n_embd]
@@ -302,6 +426,7 @@ pub fn moe_ffn(
             &routes,
             &mut ys,
             pairs_buf,
+            w.bias,
         );
     }
     for t in 0..n {
@@ -320,38 +445,37 @@ mod tests {
     use crate::backend::cpu::matmul::q8_0_test_rows;
     use crate::model::GgmlType;
 
+    /// Gate, up and down bytes of `ne` Q8_0 test experts `nf` wide over `e` (seeds `s..s + 3`).
+    fn test_experts(ne: usize, nf: usize, e: usize, s: usize) -> [Vec<u8>; 3] {
+        [
+            q8_0_test_rows(ne * nf, e, s),
+            q8_0_test_rows(ne * nf, e, s + 1),
+            q8_0_test_rows(ne * e, nf, s + 2),
+        ]
+    }
+
+    /// [`test_experts`]' bytes as stacked gate, up and down matrices.
+    fn expert_mats(d: &[Vec<u8>; 3], ne: usize, nf: usize, e: usize) -> [QMat<'_>; 3] {
+        let mat = |data, rows, cols| QMat {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            data,
+            packed: None,
+        };
+        [
+            mat(&d[0][..], ne * nf, e),
+            mat(&d[1][..], ne * nf, e),
+            mat(&d[2][..], ne * e, nf),
+        ]
+    }
+
     #[test]
     fn expert_pairs_equal_one_product_per_expert() {
         let pool = ThreadPool::new(2);
         let (ne, nf, e, n) = (4, 64, 96, 3);
-        let (gd, ud, dd) = (
-            q8_0_test_rows(ne * nf, e, 1),
-            q8_0_test_rows(ne * nf, e, 2),
-            q8_0_test_rows(ne * e, nf, 3),
-        );
-        let (g, u, d) = (
-            QMat {
-                ty: GgmlType::Q8_0,
-                rows: ne * nf,
-                cols: e,
-                data: &gd,
-                packed: None,
-            },
-            QMat {
-                ty: GgmlType::Q8_0,
-                rows: ne * nf,
-                cols: e,
-                data: &ud,
-                packed: None,
-            },
-            QMat {
-                ty: GgmlType::Q8_0,
-                rows: ne * e,
-                cols: nf,
-                data: &dd,
-                packed: None,
-            },
-        );
+        let bytes = test_experts(ne, nf, e, 1);
+        let [g, u, d] = expert_mats(&bytes, ne, nf, e);
         let x: Vec<f32> = (0..n * e)
             .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.05)
             .collect();
@@ -367,6 +491,7 @@ mod tests {
             &pairs,
             &mut out,
             &mut bufs,
+            None,
         );
         let mut abuf = Activations::new();
         for (j, &(t, xp)) in pairs.iter().enumerate() {
@@ -406,23 +531,8 @@ mod tests {
     fn grouped_experts_equal_pairs_bit_for_bit() {
         let pool = ThreadPool::new(2);
         let (ne, nf, e, n, k) = (7, 64, 96, 13, 3);
-        let (gd, ud, dd) = (
-            q8_0_test_rows(ne * nf, e, 4),
-            q8_0_test_rows(ne * nf, e, 5),
-            q8_0_test_rows(ne * e, nf, 6),
-        );
-        let mat = |data, rows, cols| QMat {
-            ty: GgmlType::Q8_0,
-            rows,
-            cols,
-            data,
-            packed: None,
-        };
-        let mats = [
-            mat(&gd[..], ne * nf, e),
-            mat(&ud[..], ne * nf, e),
-            mat(&dd[..], ne * e, nf),
-        ];
+        let bytes = test_experts(ne, nf, e, 4);
+        let mats = expert_mats(&bytes, ne, nf, e);
         let x: Vec<f32> = (0..n * e)
             .map(|i| ((i * 17 % 31) as f32 - 15.0) * 0.04)
             .collect();
@@ -438,7 +548,17 @@ mod tests {
             .collect();
         let mut ys = vec![f32::NAN; n * k * e];
         let mut bufs = PairBufs::default();
-        expert_groups(&pool, Act::Silu, mats, nf, &x, &routes, &mut ys, &mut bufs);
+        expert_groups(
+            &pool,
+            Act::Silu,
+            mats,
+            nf,
+            &x,
+            &routes,
+            &mut ys,
+            &mut bufs,
+            None,
+        );
         let pairs: Vec<(usize, usize)> = routes
             .iter()
             .enumerate()
@@ -454,6 +574,7 @@ mod tests {
             &pairs,
             &mut want,
             &mut PairBufs::default(),
+            None,
         );
         for (j, (t, s)) in (0..n).flat_map(|t| (0..k).map(move |s| (t, s))).enumerate() {
             let w = routes[t][s].1;
@@ -462,12 +583,119 @@ mod tests {
         }
     }
 
+    fn routing(k: usize, gating: Gating, norm: bool, scale: f32) -> Routing {
+        Routing {
+            k,
+            gating,
+            norm,
+            scale,
+        }
+    }
+
     #[test]
     fn top_k_renormalized() {
-        let r = route(&[0.0, 2.0, 1.0, 2.0], 2, true, 1.0);
-        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 3]);
+        let r = route(
+            &[0.0, 2.0, 1.0, 2.0],
+            None,
+            &routing(2, Gating::Softmax, true, 1.0),
+        );
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 1]);
         assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
-        let r = route(&[0.0, 0.0], 1, false, 2.0);
+        // ggml's slots: the second best, the best, then the others best first
+        let r = route(
+            &[0.0, 5.0, 1.0, 4.0, 3.0],
+            None,
+            &routing(4, Gating::Softmax, false, 1.0),
+        );
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 1, 4, 2]);
+        let r = route(&[0.0, 0.0], None, &routing(1, Gating::Softmax, false, 2.0));
         assert!((r[0].1 - 1.0).abs() < 1e-6);
+    }
+
+    /// Sigmoid gating chooses by probability plus selection bias but weighs by the unbiased
+    /// probability; softmax-weight gating takes the top raw logits and a softmax over those.
+    #[test]
+    fn sigmoid_with_selection_bias_and_softmax_weight() {
+        let logits = [0.5f32, 2.0, -1.0, 1.0];
+        let bias = [0.0f32, 0.0, 5.0, 0.0];
+        let r = route(
+            &logits,
+            Some(&bias),
+            &routing(2, Gating::Sigmoid, false, 2.5),
+        );
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 2]);
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        assert_eq!(r[1].1, sig(-1.0) * 2.5);
+        assert_eq!(r[0].1, sig(2.0) * 2.5);
+        let r = route(
+            &logits,
+            None,
+            &routing(2, Gating::SoftmaxWeight, false, 1.0),
+        );
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 1]);
+        let (a, b) = (1.0f32, (-1.0f32).exp());
+        assert!((r[1].1 - a / (a + b)).abs() < 1e-7 && (r[0].1 - b / (a + b)).abs() < 1e-7);
+    }
+
+    /// Per-expert biases enter before the activation (gate, up) and before the weighting
+    /// (down), the same in the decode pairs and the prompt groups.
+    #[test]
+    fn expert_biases_in_pairs_and_groups() {
+        let pool = ThreadPool::new(2);
+        let (ne, nf, e, n, k) = (3, 64, 96, 12, 2);
+        let bytes = test_experts(ne, nf, e, 7);
+        let mats = expert_mats(&bytes, ne, nf, e);
+        let bias = ExpertBias {
+            gate: (0..ne * nf).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect(),
+            up: (0..ne * nf).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect(),
+            down: (0..ne * e).map(|i| (i % 3) as f32 - 1.0).collect(),
+        };
+        let x: Vec<f32> = (0..n * e)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.05)
+            .collect();
+        let routes: Vec<Vec<(usize, f32)>> = (0..n)
+            .map(|t| vec![(t % ne, 0.75), ((t + 1) % ne, 0.25)])
+            .collect();
+        let pairs: Vec<(usize, usize)> = routes
+            .iter()
+            .enumerate()
+            .flat_map(|(t, r)| r.iter().map(move |c| (t, c.0)))
+            .collect();
+        let mut plain = vec![0.0; pairs.len() * e];
+        let mut biased = vec![0.0; pairs.len() * e];
+        let mut bufs = PairBufs::default();
+        let act = Act::SwigluOai;
+        expert_pairs(
+            &pool, act, mats, nf, &x, &pairs, &mut plain, &mut bufs, None,
+        );
+        expert_pairs(
+            &pool,
+            act,
+            mats,
+            nf,
+            &x,
+            &pairs,
+            &mut biased,
+            &mut bufs,
+            Some(&bias),
+        );
+        assert_ne!(plain, biased, "the biases change the outputs");
+        let mut ys = vec![f32::NAN; n * k * e];
+        expert_groups(
+            &pool,
+            act,
+            mats,
+            nf,
+            &x,
+            &routes,
+            &mut ys,
+            &mut bufs,
+            Some(&bias),
+        );
+        for (j, (t, s)) in (0..n).flat_map(|t| (0..k).map(move |s| (t, s))).enumerate() {
+            let w = routes[t][s].1;
+            let row: Vec<f32> = biased[j * e..(j + 1) * e].iter().map(|v| v * w).collect();
+            assert_eq!(&ys[j * e..(j + 1) * e], &row[..], "token {t} slot {s}");
+        }
     }
 }

@@ -165,7 +165,13 @@ impl<'a> Loader<'a> {
 
     /// A small F32 (or F16) vector: norm weights, biases.
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, EngineError> {
-        let t = self.tensor(name, &[n])?;
+        self.floats(name, &[n])
+    }
+
+    /// A small F32 (or F16) tensor of `shape` as floats in file order (per-expert biases).
+    pub fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let t = self.tensor(name, shape)?;
+        let n = shape.iter().product();
         if !matches!(t.ty, GgmlType::F32 | GgmlType::F16) {
             return Err(EngineError::Load(format!(
                 "tensor {name} is {}, expected f32 or f16",

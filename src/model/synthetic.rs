@@ -43,6 +43,11 @@ pub struct Preset {
     pub kv_lora_rank: u32,
     pub rope_dim: u32,
     pub value_dim: u32,
+    /// YaRN context extension as the GGUF states it: `(rope.scaling.factor,
+    /// rope.scaling.original_context_length)`; `None` for plain RoPE.
+    pub yarn: Option<(f32, u32)>,
+    /// `expert_weights_scale`, written when non-zero (GLM-4.5: 2.5, -Air: 1.0).
+    pub expert_scale: f32,
 }
 
 const fn dense(
@@ -75,6 +80,8 @@ const fn dense(
         kv_lora_rank: 0,
         rope_dim: heads.2,
         value_dim: heads.2,
+        yarn: None,
+        expert_scale: 0.0,
     }
 }
 
@@ -136,6 +143,7 @@ pub const PRESETS: &[Preset] = &[
         n_expert_shared: 1,
         n_leading_dense: 1,
         rope_dim: 32,
+        expert_scale: 2.5,
         ..dense("tiny-glm4moe", "glm4moe", 2, 256, 512, (4, 2, 64))
     },
     Preset {
@@ -148,6 +156,7 @@ pub const PRESETS: &[Preset] = &[
         n_ctx: 131072,
         rope_freq_base: 1e6,
         rms_eps: 1e-5,
+        expert_scale: 1.0,
         ..dense("glm-4.5-air", "glm4moe", 46, 4096, 10944, (96, 8, 128))
     },
     Preset {
@@ -156,6 +165,7 @@ pub const PRESETS: &[Preset] = &[
         n_ff_exp: 256,
         sliding_window: 128,
         rope_freq_base: 150000.0,
+        yarn: Some((32.0, 4096)),
         ..dense("tiny-gpt-oss", "gpt-oss", 2, 256, 256, (4, 2, 64))
     },
     Preset {
@@ -166,6 +176,7 @@ pub const PRESETS: &[Preset] = &[
         rope_freq_base: 150000.0,
         rms_eps: 1e-5,
         sliding_window: 128,
+        yarn: Some((32.0, 4096)),
         ..dense("gpt-oss-20b", "gpt-oss", 24, 2880, 2880, (64, 8, 64))
     },
     Preset {
@@ -562,6 +573,22 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     if p.rope_dim != p.head_dim {
         w.set(&k("rope.dimension_count"), MetaValue::U32(p.rope_dim));
     }
+    if let Some((factor, n_ctx_orig)) = p.yarn {
+        w.set(&k("rope.scaling.type"), s("yarn"));
+        w.set(&k("rope.scaling.factor"), MetaValue::F32(factor));
+        w.set(
+            &k("rope.scaling.original_context_length"),
+            MetaValue::U32(n_ctx_orig),
+        );
+    }
+    if p.expert_scale != 0.0 {
+        w.set(&k("expert_weights_scale"), MetaValue::F32(p.expert_scale));
+    }
+    if p.arch == "glm4moe" {
+        // as GLM-4.5's converter writes them: sigmoid gating, normalized weights
+        w.set(&k("expert_gating_func"), MetaValue::U32(2));
+        w.set(&k("expert_weights_norm"), MetaValue::Bool(true));
+    }
     if p.kv_lora_rank > 0 {
         w.set(&k("attention.kv_lora_rank"), MetaValue::U32(p.kv_lora_rank));
     }
@@ -626,8 +653,19 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     w.write(out, |t| {
         let fan_in = t.shape[0] as f32;
         let name = t.name.as_str();
-        if name.ends_with(".bias") || name.ends_with("attn_sinks.weight") {
-            return Ok(vec![0u8; t.size() as usize]);
+        // Biases and sinks are random too, so that a model that drops one differs: attention
+        // sinks of a few logits as trained ones, router biases that move the selection.
+        let bias_std = if name.ends_with("attn_sinks.weight") {
+            Some(1.0)
+        } else if name.ends_with("ffn_gate_inp.bias") || name.ends_with("exp_probs_b.bias") {
+            Some(0.5)
+        } else if name.ends_with(".bias") {
+            Some(0.2)
+        } else {
+            None
+        };
+        if let Some(std) = bias_std {
+            return random_tensor(&mut rng, t, std);
         }
         if name.ends_with("_norm.weight") {
             // every family multiplies by the stored weight (Gemma's converter stores 1 + w)

@@ -101,10 +101,13 @@ pub(super) unsafe fn e8m0_scales(p: *const u8, stride: usize, m: usize) -> __m25
 /// scales of up to eight consecutive blocks ([`f16_scales`] or [`e8m0_scales`]), and `mul` sums
 /// the products of unsigned magnitudes and sign-carrying activations in fours into eight i32
 /// lanes ([`madd_u8_i8`] here; `vpdpbusd` gives the same lanes on VNNI machines). Each block
-/// adds `dw * da * lanes` to one accumulator, in block order.
+/// adds `dw * da * lanes` to one accumulator, in block order, whose lanes are summed at the end
+/// (ggml's dot product); with `BLOCKS`, each block's lanes are summed first (exact: integers)
+/// and `sum * (dw * da)` is added to one float in a fused multiply-add (ggml's repacked
+/// `*_8x8_q8_0` kernels, which x86 builds use for Q4_0, IQ4_NL and MXFP4 rows in eights).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_family(
+pub(super) unsafe fn q8_0_family<const BLOCKS: bool>(
     n: usize,
     w: &[u8],
     wb: usize,
@@ -116,6 +119,7 @@ pub(super) unsafe fn q8_0_family(
     let nb = n / QK8_0;
     assert!(w.len() >= nb * wb && a.len() >= nb * Q8_0_BYTES);
     let mut acc = _mm256_setzero_ps();
+    let mut acc_b = 0f32;
     let mut ds = [0f32; SCALE_GROUP];
     let mut i = 0;
     while i < nb {
@@ -130,11 +134,19 @@ pub(super) unsafe fn q8_0_family(
             let ba = std::slice::from_raw_parts(a.as_ptr().add((i + j) * Q8_0_BYTES), Q8_0_BYTES);
             let x = qs(bw);
             let p = mul(_mm256_sign_epi8(x, x), _mm256_sign_epi8(load(ba, 2), x));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+            if BLOCKS {
+                acc_b = (hsum_epi32(p) as f32).mul_add(d, acc_b);
+            } else {
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+            }
         }
         i += m;
     }
-    hsum(acc)
+    if BLOCKS {
+        acc_b
+    } else {
+        hsum(acc)
+    }
 }
 
 /// [`q8_0_family`] of one weight row against four activation rows, each weight block decoded
@@ -142,7 +154,7 @@ pub(super) unsafe fn q8_0_family(
 /// per row, in the same order).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_family4(
+pub(super) unsafe fn q8_0_family4<const BLOCKS: bool>(
     n: usize,
     w: &[u8],
     wb: usize,
@@ -154,6 +166,7 @@ pub(super) unsafe fn q8_0_family4(
     let nb = n / QK8_0;
     assert!(w.len() >= nb * wb && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
     let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_b = [0f32; 4];
     let mut ds = [[0f32; SCALE_GROUP]; 4];
     let mut i = 0;
     while i < nb {
@@ -167,16 +180,24 @@ pub(super) unsafe fn q8_0_family4(
             let bw = std::slice::from_raw_parts(w.as_ptr().add((i + j) * wb), wb);
             let x = qs(bw);
             let ax = _mm256_sign_epi8(x, x);
-            for ((acc, a), d) in acc.iter_mut().zip(a).zip(&ds) {
+            for (t, (a, d)) in a.iter().zip(&ds).enumerate() {
                 let ba =
                     std::slice::from_raw_parts(a.as_ptr().add((i + j) * Q8_0_BYTES), Q8_0_BYTES);
                 let p = mul(ax, _mm256_sign_epi8(load(ba, 2), x));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d[j]), _mm256_cvtepi32_ps(p), *acc);
+                if BLOCKS {
+                    acc_b[t] = (hsum_epi32(p) as f32).mul_add(d[j], acc_b[t]);
+                } else {
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d[j]), _mm256_cvtepi32_ps(p), acc[t]);
+                }
             }
         }
         i += m;
     }
-    [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+    if BLOCKS {
+        acc_b
+    } else {
+        [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+    }
 }
 
 /// [`q8_0_family`] of four weight rows against four activation rows, a register tile of sixteen
@@ -186,7 +207,7 @@ pub(super) unsafe fn q8_0_family4(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // `j` and `r` index blocks, rows and scales together
-pub(super) unsafe fn q8_0_family_tile(
+pub(super) unsafe fn q8_0_family_tile<const BLOCKS: bool>(
     n: usize,
     w: [&[u8]; 4],
     wb: usize,
@@ -198,6 +219,7 @@ pub(super) unsafe fn q8_0_family_tile(
     let nb = n / QK8_0;
     assert!(w.iter().all(|w| w.len() >= nb * wb) && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+    let mut acc_b = [[0f32; 4]; 4];
     let mut ds = [[[0f32; SCALE_GROUP]; 4]; 4];
     let mut i = 0;
     while i < nb {
@@ -226,17 +248,25 @@ pub(super) unsafe fn q8_0_family_tile(
                 let y = load(ba, 2);
                 for r in 0..4 {
                     let p = mul(ax[r], _mm256_sign_epi8(y, x[r]));
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(ds[r][t][j]),
-                        _mm256_cvtepi32_ps(p),
-                        acc[r][t],
-                    );
+                    if BLOCKS {
+                        acc_b[r][t] = (hsum_epi32(p) as f32).mul_add(ds[r][t][j], acc_b[r][t]);
+                    } else {
+                        acc[r][t] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(ds[r][t][j]),
+                            _mm256_cvtepi32_ps(p),
+                            acc[r][t],
+                        );
+                    }
                 }
             }
         }
         i += m;
     }
-    std::array::from_fn(|r| std::array::from_fn(|t| hsum(acc[r][t])))
+    if BLOCKS {
+        acc_b
+    } else {
+        std::array::from_fn(|r| std::array::from_fn(|t| hsum(acc[r][t])))
+    }
 }
 
 /// Unsigned bytes times signed bytes, summed in pairs then quads: eight i32 lanes (no pair can
@@ -285,16 +315,17 @@ macro_rules! q8_0_kernels {
     ($feat:literal, $mul:ident) => {
         q8_0_kernels! {
             @each $feat, $mul;
-            q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales;
-            q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales;
-            q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales;
-            mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales;
+            // the last field: ggml's repacked order (`q8_0_family`'s BLOCKS)
+            q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_4x4, 34, q8_0_qs, f16_scales, false;
+            q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_4x4, 18, q4_0_qs, f16_scales, true;
+            q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_4x4, 22, q5_0_qs, f16_scales, false;
+            mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_4x4, 17, mxfp4_qs, e8m0_scales, true;
         }
     };
-    (@each $feat:literal, $mul:ident; $($one:ident, $four:ident, $tile:ident, $wb:expr, $qs:ident, $dw:ident;)*) => {$(
+    (@each $feat:literal, $mul:ident; $($one:ident, $four:ident, $tile:ident, $wb:expr, $qs:ident, $dw:ident, $blocks:expr;)*) => {$(
         #[target_feature(enable = $feat)]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            q8_0_family(
+            q8_0_family::<$blocks>(
                 n,
                 w,
                 $wb,
@@ -307,7 +338,7 @@ macro_rules! q8_0_kernels {
 
         #[target_feature(enable = $feat)]
         pub unsafe fn $four(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-            q8_0_family4(
+            q8_0_family4::<$blocks>(
                 n,
                 w,
                 $wb,
@@ -320,7 +351,7 @@ macro_rules! q8_0_kernels {
 
         #[target_feature(enable = $feat)]
         pub unsafe fn $tile(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [[f32; 4]; 4] {
-            q8_0_family_tile(
+            q8_0_family_tile::<$blocks>(
                 n,
                 w,
                 $wb,

@@ -103,6 +103,24 @@ pub fn soft_max_row(row: &mut [f32], max: f32) -> f64 {
     soft_max_row_lanes(row, max, flavor)
 }
 
+/// `ggml_vec_soft_max_f32` for a row of any length: [`soft_max_row`] over the whole vectors, then
+/// libm's `expf` for the last values, each added to the double sum.
+pub fn soft_max_any(row: &mut [f32], max: f32) -> f64 {
+    let lanes = match exp_flavor() {
+        ExpFlavor::Avx512 => 16,
+        ExpFlavor::Avx2 => 8,
+    };
+    let body = row.len() / lanes * lanes;
+    let (head, tail) = row.split_at_mut(body);
+    let mut sum = soft_max_row(head, max);
+    for x in tail {
+        let v = (*x - max).exp();
+        sum += v as f64;
+        *x = v;
+    }
+    sum
+}
+
 /// [`soft_max_row`] one lane at a time (the reference the vector body is tested against).
 pub fn soft_max_row_lanes(row: &mut [f32], max: f32, flavor: ExpFlavor) -> f64 {
     let mut sum = 0f64;
@@ -175,6 +193,9 @@ fn gemm_acc_scalar(
 }
 
 #[cfg(target_arch = "x86_64")]
+pub use x86::silu_mul_avx512;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
@@ -213,6 +234,25 @@ mod x86 {
             zero,
         );
         _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// `gate = gate / (1 + exp(-gate)) * up` sixteen at a time (`ggml_v_silu`); the lengths are
+    /// a multiple of 16.
+    ///
+    /// # Safety
+    /// The CPU must have AVX512F and AVX512DQ ([`super::exp_flavor`] is `Avx512`).
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn silu_mul_avx512(gate: &mut [f32], up: &[f32]) {
+        let one = _mm512_set1_ps(1.0);
+        for (g, u) in gate.chunks_exact_mut(16).zip(up.chunks_exact(16)) {
+            let x = _mm512_loadu_ps(g.as_ptr());
+            let e = v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(
+                g.as_mut_ptr(),
+                _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr())),
+            );
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]

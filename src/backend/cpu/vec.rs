@@ -9,6 +9,7 @@
 use std::sync::OnceLock;
 
 use super::dot::{isa, Isa};
+use super::fa::{self, ExpFlavor};
 use crate::model::quants::{f16_to_f32, f32_to_f16};
 
 /// Elements per block of ggml's f16 loops (`GGML_F16_STEP` with AVX512-FP16); the rest of a row
@@ -203,8 +204,77 @@ unsafe fn gelu_mul_f16c(table: &[u16], gate: &mut [f32], up: &[f32]) -> usize {
     n
 }
 
+/// ggml's SiLU times `up` (`ggml_vec_swiglu_f32`, one row): `gate = gate / (1 + exp(-gate)) *
+/// up`, whole vectors (16 lanes in an AVX-512 build, 8 in an AVX2 one) through ggml's vector
+/// `exp`, the row's last values through libm's `expf`. `gate` is one row: the vectors start at
+/// its first value.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    let flavor = fa::exp_flavor();
+    let lanes = match flavor {
+        ExpFlavor::Avx512 => 16,
+        ExpFlavor::Avx2 => 8,
+    };
+    let body = gate.len() / lanes * lanes;
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if flavor == ExpFlavor::Avx512 {
+        // SAFETY: the flavor is Avx512 only where avx512f and avx512dq were detected.
+        unsafe { fa::silu_mul_avx512(&mut gate[..body], &up[..body]) };
+        done = body;
+    }
+    let exp = match flavor {
+        ExpFlavor::Avx512 => fa::expf_avx512_lane,
+        ExpFlavor::Avx2 => fa::expf_avx2_lane,
+    };
+    for (g, &u) in gate[done..body].iter_mut().zip(&up[done..body]) {
+        *g = *g / (1.0 + exp(0.0 - *g)) * u;
+    }
+    for (g, &u) in gate[body..].iter_mut().zip(&up[body..]) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// The vector body equals ggml's lanes one at a time, the tail is libm's, and both are SiLU
+    /// to a few ulps.
+    #[test]
+    fn silu_vectors_are_ggml_lanes() {
+        let x: Vec<f32> = (0..16 * 300 + 11)
+            .map(|i| (i as f32 - 2400.0) * 0.0371)
+            .chain([-120.0, 95.0, 0.0, -0.0, 1e-30])
+            .collect();
+        let up: Vec<f32> = (0..x.len()).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect();
+        let mut got = x.clone();
+        super::silu_mul(&mut got, &up);
+        let flavor = super::fa::exp_flavor();
+        let lanes = if flavor == super::ExpFlavor::Avx512 {
+            16
+        } else {
+            8
+        };
+        let body = x.len() / lanes * lanes;
+        for i in 0..x.len() {
+            let e = if i < body {
+                match flavor {
+                    super::ExpFlavor::Avx512 => super::fa::expf_avx512_lane(-x[i]),
+                    super::ExpFlavor::Avx2 => super::fa::expf_avx2_lane(-x[i]),
+                }
+            } else {
+                (-x[i]).exp()
+            };
+            let want = x[i] / (1.0 + e) * up[i];
+            assert_eq!(got[i].to_bits(), want.to_bits(), "x = {}", x[i]);
+            let exact = (x[i] as f64 / (1.0 + (-x[i] as f64).exp()) * up[i] as f64) as f32;
+            assert!(
+                (got[i] - exact).abs() <= 1e-6 * exact.abs().max(1e-30),
+                "x = {}",
+                x[i]
+            );
+        }
+    }
+
     #[test]
     fn gelu_vector_equals_one_at_a_time() {
         // a table whose entries differ by index, so a wrong index shows
