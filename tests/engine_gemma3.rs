@@ -4,47 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
+mod engine_common;
+
 use bloomery::engine::{self, Batch, EngineParams, Forward};
 use bloomery::model::GgufFile;
-use bloomery::sampling::token_probabilities;
-use bloomery::server::checkpoints::{CheckpointPolicy, Checkpoints, UserStarts};
-use serde_json::Value;
+use bloomery::server::checkpoints::CheckpointPolicy;
+use engine_common::{argmax, read_golden, run_case, same_machine};
 
 /// Upstream's log-probabilities and ours are the same floats: same logits, same softmax steps
 /// (measured 2026-12-04: 0 difference over all 768 steps' top 5). Any difference fails.
 const LOGPROB_TOLERANCE: f64 = 0.0;
-
-/// The CPU features that decide ggml's float steps (and ours): `compat/run.py`'s list.
-const NUMERICS_FLAGS: [&str; 13] = [
-    "avx",
-    "avx2",
-    "fma",
-    "f16c",
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "avx_vnni",
-    "amx_tile",
-    "amx_int8",
-];
-
-fn cpu_flags() -> Vec<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flags: Vec<&str> = info
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.split_whitespace().collect())
-        .unwrap_or_default();
-    NUMERICS_FLAGS
-        .iter()
-        .filter(|f| flags.contains(f))
-        .map(|f| f.to_string())
-        .collect()
-}
 
 fn model_path() -> Option<PathBuf> {
     let cache = std::env::var_os("BLOOMERY_CACHE")
@@ -73,34 +42,6 @@ fn load(path: &Path, n_seq_max: usize) -> Box<dyn Forward> {
     engine::load(&gguf, &params).expect("gemma3 loads")
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Each token's log-probability as the server reports it for `n_probs` (the softmax of the raw
-/// logits in upstream's order and f32 steps, then `logf`).
-fn logprobs(v: &[f32]) -> Vec<f64> {
-    let mut lp = vec![0.0; v.len()];
-    for t in token_probabilities(v, 5) {
-        lp[t.id as usize] = f64::from(t.p.ln());
-    }
-    lp
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array of ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
 /// Greedy tokens equal upstream's, and the logits too to f32 rounding. The prompt is split into
 /// the batches upstream's server runs for this windowed model (`server::checkpoints`): ggml's
 /// kernels round differently for different row counts. The golden holds the recording CPU's
@@ -108,27 +49,8 @@ fn ids(v: &Value) -> Vec<u32> {
 #[test]
 fn greedy_tokens_and_logprobs_match_upstream() {
     let Some(path) = model_path() else { return };
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/compat/golden/b11434/engine/gemma3-270m.json"
-        ))
-        .expect("golden file"),
-    )
-    .expect("golden json");
-    let recorded: Vec<String> = golden["machine"]["flags"]
-        .as_array()
-        .expect("the golden names its machine")
-        .iter()
-        .map(|f| f.as_str().expect("flag").to_string())
-        .collect();
-    if recorded != cpu_flags() {
-        eprintln!(
-            "skipping: the golden was recorded on a CPU with features {recorded:?}, this one has \
-             {:?}; ggml's float steps differ between them (re-record with \
-             scripts/record-engine-goldens.py)",
-            cpu_flags()
-        );
+    let golden = read_golden("gemma3-270m.json");
+    if !same_machine(&golden) {
         return;
     }
     let mut eng = load(&path, 1);
@@ -147,57 +69,16 @@ fn greedy_tokens_and_logprobs_match_upstream() {
         if only.as_ref().is_some_and(|o| !o.contains(&ci)) {
             continue;
         }
-        let prompt = ids(&case["prompt_ids"]);
-        let want = ids(&case["tokens"]);
-        let probs = case["top_logprobs"].as_array().expect("top_logprobs");
-        eng.seq_rm(0, 0, None);
-        // every batch but the last, as the server would split a fresh prompt
-        let none = UserStarts::default();
-        let cp = Checkpoints::default();
-        let mut start = 0;
-        let mut batch = Batch::default();
-        while start < prompt.len() {
-            let end = (start + policy.n_ubatch).min(prompt.len());
-            let len = cp.batch_len(&policy, true, &none, prompt.len(), start, end);
-            batch = Batch::default();
-            for (i, &t) in prompt.iter().enumerate().skip(start).take(len) {
-                batch.push(t, i as u32, 0, i + 1 == prompt.len());
-            }
-            start += len;
-            if start < prompt.len() {
-                let mut sink = Vec::new();
-                eng.decode(&batch, &mut sink).expect("decode");
-            }
-        }
-        for (pos, (step, &expected)) in (prompt.len() as u32..).zip(want.iter().enumerate()) {
-            let mut logits = Vec::new();
-            eng.decode(&batch, &mut logits).expect("decode");
-            let got = argmax(&logits);
-            let lp = logprobs(&logits);
-            let mut pairs = Vec::new();
-            let mut step_worst = 0.0f64;
-            let top = probs[step].as_array().expect("top-5");
-            for pair in top {
-                let id = pair[0].as_u64().expect("id") as usize;
-                let theirs = pair[1].as_f64().expect("logprob");
-                step_worst = step_worst.max((lp[id] - theirs).abs());
-                pairs.push(format!("{id}: {:.4} vs {theirs:.4}", lp[id]));
-            }
-            worst = worst.max(step_worst);
-            if only.is_some() {
-                eprintln!("case {ci} step {step}: worst top-5 difference {step_worst:.2e}");
-            }
-            if got != expected {
-                mismatches.push(format!(
-                    "case {ci} step {step}: ours {got} ({:.4}), upstream {expected}; ours vs upstream: {}",
-                    lp[got as usize],
-                    pairs.join(", ")
-                ));
-            }
-            // upstream's token goes in, so one early difference does not hide later ones
-            batch = Batch::default();
-            batch.push(expected, pos, 0, true);
-        }
+        let r = run_case(
+            eng.as_mut(),
+            &policy,
+            case,
+            &format!("case {ci}"),
+            0.0,
+            only.is_some(),
+        );
+        worst = worst.max(r.worst);
+        mismatches.extend(r.mismatches);
     }
     eprintln!("worst top-5 logprob difference: {worst:.3e}");
     assert!(

@@ -9,19 +9,11 @@ use std::path::{Path, PathBuf};
 use bloomery::model::hparams::served_architecture;
 use bloomery::model::writer::GgufWriter;
 use bloomery::model::{GgmlType, GgufFile, Hparams, KvOverride, MetaValue, Metadata, ModelError};
-use model_common::{cache_dir, gguf_py, oracle};
+use model_common::{cache_dir, cached, gguf_py, oracle};
 use serde_json::Value;
 
 fn gemma() -> Result<PathBuf, String> {
-    let p = cache_dir()?.join("models/gemma-3-270m-q4_k_m.gguf");
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "{} is missing (scripts/fetch-test-data.sh fetches it)",
-            p.display()
-        ))
-    }
+    cached("models/gemma-3-270m-q4_k_m.gguf")
 }
 
 /// gguf-py's name for a metadata value's type.

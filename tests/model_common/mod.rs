@@ -70,6 +70,19 @@ pub fn cache_dir() -> Result<PathBuf, String> {
         .ok_or_else(|| "neither BLOOMERY_CACHE nor HOME is set".to_string())
 }
 
+/// The file at `rel` under the test-data cache, or why it is absent.
+pub fn cached(rel: &str) -> Result<PathBuf, String> {
+    let p = cache_dir()?.join(rel);
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} is missing (scripts/fetch-test-data.sh fetches it)",
+            p.display()
+        ))
+    }
+}
+
 /// Unwraps a test prerequisite, or prints why the test is skipped and returns from it.
 #[macro_export]
 macro_rules! or_skip {
