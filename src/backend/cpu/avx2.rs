@@ -129,15 +129,33 @@ pub(super) unsafe fn q8_0_family<const BLOCKS: bool>(
             f16_scales(a.as_ptr().add(i * Q8_0_BYTES), Q8_0_BYTES, m),
         );
         _mm256_storeu_ps(ds.as_mut_ptr(), d);
+        let mut ps = [_mm256_setzero_si256(); SCALE_GROUP];
         for (j, &d) in ds.iter().enumerate().take(m) {
             let bw = std::slice::from_raw_parts(w.as_ptr().add((i + j) * wb), wb);
             let ba = std::slice::from_raw_parts(a.as_ptr().add((i + j) * Q8_0_BYTES), Q8_0_BYTES);
             let x = qs(bw);
             let p = mul(_mm256_sign_epi8(x, x), _mm256_sign_epi8(load(ba, 2), x));
             if BLOCKS {
-                acc_b = (hsum_epi32(p) as f32).mul_add(d, acc_b);
+                ps[j] = p;
             } else {
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+            }
+        }
+        if BLOCKS {
+            // the blocks' integer sums four at a time, then one fused step per block in order
+            let mut sums = [0f32; SCALE_GROUP];
+            _mm_storeu_ps(
+                sums.as_mut_ptr(),
+                _mm_cvtepi32_ps(hsum4_epi32([ps[0], ps[1], ps[2], ps[3]])),
+            );
+            if m > 4 {
+                _mm_storeu_ps(
+                    sums.as_mut_ptr().add(4),
+                    _mm_cvtepi32_ps(hsum4_epi32([ps[4], ps[5], ps[6], ps[7]])),
+                );
+            }
+            for (s, d) in sums.iter().zip(&ds).take(m) {
+                acc_b = s.mul_add(*d, acc_b);
             }
         }
         i += m;
@@ -166,7 +184,7 @@ pub(super) unsafe fn q8_0_family4<const BLOCKS: bool>(
     let nb = n / QK8_0;
     assert!(w.len() >= nb * wb && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
     let mut acc = [_mm256_setzero_ps(); 4];
-    let mut acc_b = [0f32; 4];
+    let mut acc_b = _mm_setzero_ps();
     let mut ds = [[0f32; SCALE_GROUP]; 4];
     let mut i = 0;
     while i < nb {
@@ -180,21 +198,29 @@ pub(super) unsafe fn q8_0_family4<const BLOCKS: bool>(
             let bw = std::slice::from_raw_parts(w.as_ptr().add((i + j) * wb), wb);
             let x = qs(bw);
             let ax = _mm256_sign_epi8(x, x);
+            let mut ps = [_mm256_setzero_si256(); 4];
             for (t, (a, d)) in a.iter().zip(&ds).enumerate() {
                 let ba =
                     std::slice::from_raw_parts(a.as_ptr().add((i + j) * Q8_0_BYTES), Q8_0_BYTES);
                 let p = mul(ax, _mm256_sign_epi8(load(ba, 2), x));
                 if BLOCKS {
-                    acc_b[t] = (hsum_epi32(p) as f32).mul_add(d[j], acc_b[t]);
+                    ps[t] = p;
                 } else {
                     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d[j]), _mm256_cvtepi32_ps(p), acc[t]);
                 }
+            }
+            if BLOCKS {
+                // one lane per token: each lane's own fused step, as one at a time
+                let d4 = _mm_setr_ps(ds[0][j], ds[1][j], ds[2][j], ds[3][j]);
+                acc_b = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(ps)), d4, acc_b);
             }
         }
         i += m;
     }
     if BLOCKS {
-        acc_b
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), acc_b);
+        out
     } else {
         [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
     }
@@ -219,7 +245,7 @@ pub(super) unsafe fn q8_0_family_tile<const BLOCKS: bool>(
     let nb = n / QK8_0;
     assert!(w.iter().all(|w| w.len() >= nb * wb) && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
-    let mut acc_b = [[0f32; 4]; 4];
+    let mut acc_b = [_mm_setzero_ps(); 4];
     let mut ds = [[[0f32; SCALE_GROUP]; 4]; 4];
     let mut i = 0;
     while i < nb {
@@ -242,28 +268,48 @@ pub(super) unsafe fn q8_0_family_tile<const BLOCKS: bool>(
                 ));
                 ax[r] = _mm256_sign_epi8(x[r], x[r]);
             }
+            if BLOCKS {
+                // per row, the four tokens' integer sums in one reduction and one fused step in
+                // four lanes (each lane's chain is the one-row kernel's)
+                let y: [__m256i; 4] = std::array::from_fn(|t| {
+                    load(
+                        std::slice::from_raw_parts(
+                            a[t].as_ptr().add((i + j) * Q8_0_BYTES),
+                            Q8_0_BYTES,
+                        ),
+                        2,
+                    )
+                });
+                for r in 0..4 {
+                    let ps: [__m256i; 4] =
+                        std::array::from_fn(|t| mul(ax[r], _mm256_sign_epi8(y[t], x[r])));
+                    let d4 = _mm_setr_ps(ds[r][0][j], ds[r][1][j], ds[r][2][j], ds[r][3][j]);
+                    acc_b[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(ps)), d4, acc_b[r]);
+                }
+                continue;
+            }
             for (t, a) in a.iter().enumerate() {
                 let ba =
                     std::slice::from_raw_parts(a.as_ptr().add((i + j) * Q8_0_BYTES), Q8_0_BYTES);
                 let y = load(ba, 2);
                 for r in 0..4 {
                     let p = mul(ax[r], _mm256_sign_epi8(y, x[r]));
-                    if BLOCKS {
-                        acc_b[r][t] = (hsum_epi32(p) as f32).mul_add(ds[r][t][j], acc_b[r][t]);
-                    } else {
-                        acc[r][t] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(ds[r][t][j]),
-                            _mm256_cvtepi32_ps(p),
-                            acc[r][t],
-                        );
-                    }
+                    acc[r][t] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(ds[r][t][j]),
+                        _mm256_cvtepi32_ps(p),
+                        acc[r][t],
+                    );
                 }
             }
         }
         i += m;
     }
     if BLOCKS {
-        acc_b
+        std::array::from_fn(|r| {
+            let mut out = [0f32; 4];
+            _mm_storeu_ps(out.as_mut_ptr(), acc_b[r]);
+            out
+        })
     } else {
         std::array::from_fn(|r| std::array::from_fn(|t| hsum(acc[r][t])))
     }
@@ -379,6 +425,16 @@ fn bsums(a: &[u8]) -> [i32; 16] {
 #[inline]
 pub(super) fn rd_f32(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The eight lanes' sums of four vectors, one per lane of the result (exact: integers).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum4_epi32(p: [__m256i; 4]) -> __m128i {
+    let a = _mm256_hadd_epi32(p[0], p[1]);
+    let b = _mm256_hadd_epi32(p[2], p[3]);
+    let c = _mm256_hadd_epi32(a, b);
+    _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1))
 }
 
 /// The eight lanes' sum (exact: integers).

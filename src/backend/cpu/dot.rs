@@ -445,6 +445,50 @@ mod tests {
         }
     }
 
+    /// Q4_0 and MXFP4 take the order of ggml's repacked x86 kernels: per block the integer sum
+    /// of weight and activation quants, then one fused multiply-add by `dw * da`, in block order
+    /// from zero.
+    #[test]
+    fn q4_0_and_mxfp4_sum_as_ggml_repacked_kernels() {
+        use GgmlType::*;
+        const MXFP4: [i32; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+        let mut rng = Rng(0x5eed_1234);
+        let n = 1024;
+        for ty in [Q4_0, Mxfp4] {
+            let w = random_weights(ty, n, &mut rng);
+            let a = &random_acts(ty, n, 1, 2.0, &mut rng)[0];
+            let (wb, ab) = (ty.type_size(), 34);
+            let mut want = 0f32;
+            for (bw, ba) in w.chunks_exact(wb).zip(a.chunks_exact(ab)) {
+                let (dw, q): (f32, Vec<i32>) = match ty {
+                    Q4_0 => (
+                        crate::model::quants::f16_to_f32(u16::from_le_bytes([bw[0], bw[1]])),
+                        (0..32)
+                            .map(|i| (bw[2 + i % 16] >> (4 * (i / 16)) & 15) as i32 - 8)
+                            .collect(),
+                    ),
+                    _ => (
+                        super::super::quant::e8m0_half(bw[0]),
+                        (0..32)
+                            .map(|i| MXFP4[(bw[1 + i % 16] >> (4 * (i / 16)) & 15) as usize])
+                            .collect(),
+                    ),
+                };
+                let da = crate::model::quants::f16_to_f32(u16::from_le_bytes([ba[0], ba[1]]));
+                let sum: i32 = (0..32).map(|i| q[i] * ba[2 + i] as i8 as i32).sum();
+                want = (sum as f32).mul_add(dw * da, want);
+            }
+            for level in simd_levels() {
+                let got = kernel_for(level, ty).unwrap()(n, &w, a);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{ty} {level:?}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn tile_kernels_equal_one_row_kernels_bit_for_bit() {
         use GgmlType::*;
