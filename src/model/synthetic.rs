@@ -307,14 +307,24 @@ fn scale_block(t: GgmlType, block: &mut [u8], target: f32) -> Result<(), ModelEr
     if rms == 0.0 || !rms.is_finite() {
         return Ok(());
     }
-    let k = sign * target / rms;
+    let k = target / rms;
+    // FP4 types' scales have no sign: their values' sign bits (bit 3 of each nibble) flip instead
+    let flip = |qs: &mut [u8]| {
+        if sign < 0.0 {
+            qs.iter_mut().for_each(|b| *b ^= 0x88);
+        }
+    };
     match t {
-        GgmlType::Mxfp4 => block[0] = (127.0 + k.log2().round()).clamp(1.0, 254.0) as u8,
+        GgmlType::Mxfp4 => {
+            block[0] = (127.0 + k.log2().round()).clamp(1.0, 254.0) as u8;
+            flip(&mut block[1..]);
+        }
         GgmlType::Nvfp4 => {
             let exp = (7.0 + k.log2().round()).clamp(1.0, 14.0) as u8;
             block[..4].fill(exp << 3);
+            flip(&mut block[4..]);
         }
-        _ => set(block, k),
+        _ => set(block, sign * k),
     }
     Ok(())
 }
@@ -724,7 +734,7 @@ mod tests {
     fn random_blocks_are_zero_mean() {
         for t in [
             Q4_0, Q4_1, Q5_0, Q5_1, Q2K, Q3K, Q4K, Q5K, Q6K, Iq2Xxs, Iq2Xs, Iq2S, Iq3Xxs, Iq3S,
-            Iq1S, Iq1M, Iq4Nl, Iq4Xs, Tq1_0, Tq2_0, Mxfp4,
+            Iq1S, Iq1M, Iq4Nl, Iq4Xs, Tq1_0, Tq2_0, Mxfp4, Nvfp4,
         ] {
             let n = 256 * 2048;
             let data = random_blocks(t, n, 7, 1.0).unwrap();
@@ -733,6 +743,11 @@ mod tests {
             let mean = y.iter().sum::<f32>() / n as f32;
             let rms = (y.iter().map(|v| v * v).sum::<f32>() / n as f32).sqrt();
             assert!(mean.abs() < 0.1 * rms, "{t:?}: mean {mean}, rms {rms}");
+            // every block at the asked scale: none collapsed to (near) zero
+            for (i, b) in y.chunks_exact(t.block_size()).enumerate() {
+                let r = (b.iter().map(|v| v * v).sum::<f32>() / b.len() as f32).sqrt();
+                assert!(r > 0.25 && r < 4.0, "{t:?} block {i}: rms {r}");
+            }
         }
     }
 

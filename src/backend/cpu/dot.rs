@@ -526,7 +526,7 @@ mod tests {
     fn tile_speed() {
         use GgmlType::*;
         let mut rng = Rng(11);
-        for ty in [Q5_0, Q8_0, Q4_0, Q6K, Q4K] {
+        for ty in [Q5_0, Q8_0, Q4_0, Mxfp4, Q6K, Q4K] {
             let n = 2048;
             let acts = random_acts(ty, n, 4, 1.0, &mut rng);
             let a4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
