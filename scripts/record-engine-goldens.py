@@ -45,7 +45,7 @@ SYNTH_SEED = 11
 # the quantized types' kernels (gpt-oss's experts in MXFP4 as its files have them)
 SYNTH_MODELS = [
     ("tiny-llama", "q4_0", "q4_0", "q8_0"),
-    ("tiny-qwen3", "q8_0", "q8_0", "q8_0"),
+    ("tiny-qwen3", "f16", "f16", "q8_0"),
     ("tiny-qwen3moe", "q4_K", "q4_K", "q8_0"),
     ("tiny-gemma3", "q6_K", "q6_K", "q8_0"),
     ("tiny-gpt-oss", "q8_0", "mxfp4", "q8_0"),

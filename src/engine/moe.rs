@@ -286,9 +286,9 @@ fn soft_max(x: &[f32]) -> Vec<f32> {
     y
 }
 
-/// The experts a token with router `logits` (biases added) uses, with their weights, in ggml's
-/// slot order (the second best, the best, then the rest best first), as llama.cpp's
-/// `build_moe_ffn` chooses and weighs them: gating probabilities, top-k of those
+/// The experts a token with router `logits` (biases added) uses, best first (ggml's slot order,
+/// `ggml_argsort_top_k`; the slots' outputs are summed in it), with their weights, as
+/// llama.cpp's `build_moe_ffn` chooses and weighs them: gating probabilities, top-k of those
 /// plus the selection bias `probs_b`, the chosen probabilities (a softmax over them for
 /// [`Gating::SoftmaxWeight`]), then optional renormalization and scaling.
 pub fn route(logits: &[f32], probs_b: Option<&[f32]>, r: &Routing) -> Vec<(usize, f32)> {
@@ -304,11 +304,6 @@ pub fn route(logits: &[f32], probs_b: Option<&[f32]>, r: &Routing) -> Vec<(usize
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
     let mut chosen: Vec<(usize, f32)> = order[..r.k].iter().map(|&e| (e, probs[e])).collect();
-    // ggml's top-k writes the best two swapped (its "order is not important"), and the slots'
-    // outputs are summed in that order
-    if chosen.len() > 1 {
-        chosen.swap(0, 1);
-    }
     if r.gating == Gating::SoftmaxWeight {
         let w: Vec<f32> = chosen.iter().map(|c| c.1).collect();
         for (c, w) in chosen.iter_mut().zip(soft_max(&w)) {
@@ -599,15 +594,15 @@ mod tests {
             None,
             &routing(2, Gating::Softmax, true, 1.0),
         );
-        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 3]);
         assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
-        // ggml's slots: the second best, the best, then the others best first
+        // ggml's slots: best first (its upstream dump `ffn_moe_weights` shows that order)
         let r = route(
             &[0.0, 5.0, 1.0, 4.0, 3.0],
             None,
             &routing(4, Gating::Softmax, false, 1.0),
         );
-        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 1, 4, 2]);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 3, 4, 2]);
         let r = route(&[0.0, 0.0], None, &routing(1, Gating::Softmax, false, 2.0));
         assert!((r[0].1 - 1.0).abs() < 1e-6);
     }

@@ -139,6 +139,34 @@ pub fn kernel_batched(w: GgmlType) -> Option<(DotFn, Option<DotFn4>)> {
     }
 }
 
+/// The one-row kernel for a product of two or more activation rows where ggml runs llamafile's
+/// `tinyBLAS` instead of its dot product (F32 and F16 weights whose rows come in fours), whose
+/// order differs: one vector accumulator per result (`avx512::f32_f32_sgemm`); `None`: the usual
+/// one.
+pub fn kernel_sgemm(w: GgmlType) -> Option<DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{avx2, avx512};
+        // SAFETY (both): each kernel is reached only at the level `isa()` detected.
+        return match (isa(), w) {
+            (Isa::Avx512Vnni, GgmlType::F32) => {
+                Some(|n, w, a| unsafe { avx512::f32_f32_sgemm(n, w, a) })
+            }
+            (Isa::Avx2, GgmlType::F32) => Some(|n, w, a| unsafe { avx2::f32_f32_sgemm(n, w, a) }),
+            (Isa::Avx512Vnni, GgmlType::F16) => {
+                Some(|n, w, a| unsafe { avx512::f16_f16_sgemm(n, w, a) })
+            }
+            (Isa::Avx2, GgmlType::F16) => Some(|n, w, a| unsafe { avx2::f16_f16_sgemm(n, w, a) }),
+            _ => None,
+        };
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = w;
+        None
+    }
+}
+
 /// A four-row kernel whose results equal the one-row kernel's for every type (expert products:
 /// ggml runs each of their rows through its one-row kernel).
 pub fn kernel4_rowwise(w: GgmlType) -> Option<DotFn4> {
@@ -485,6 +513,74 @@ mod tests {
                     want.to_bits(),
                     "{ty} {level:?}: {got} vs {want}"
                 );
+            }
+        }
+    }
+
+    /// F32 products of several rows follow tinyBLAS: one accumulator of the build's width, a
+    /// fused step per vector (the tail zero-padded), then that width's reduction tree.
+    #[test]
+    fn f32_sgemm_order_is_tinyblas() {
+        use crate::model::quants::{f16_to_f32, f32_to_f16};
+        let mut rng = Rng(77);
+        for n in [256usize, 2880, 100] {
+            let w: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            let a: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            let (wb, ab) = (bytes(&w), bytes(&a));
+            for (level, lanes) in [(Isa::Avx2, 8usize), (Isa::Avx512Vnni, 16)] {
+                if level as u8 > detect() as u8 {
+                    continue;
+                }
+                let mut acc = vec![0f32; lanes];
+                for l in (0..n).step_by(lanes) {
+                    for (i, c) in acc.iter_mut().enumerate() {
+                        let (x, y) = (w.get(l + i), a.get(l + i));
+                        *c = x.unwrap_or(&0.0).mul_add(*y.unwrap_or(&0.0), *c);
+                    }
+                }
+                let want = if lanes == 16 {
+                    let t: Vec<f32> = (0..8).map(|i| acc[i] + acc[i + 8]).collect();
+                    let t: Vec<f32> = (0..4).map(|i| t[i] + t[i + 4]).collect();
+                    (t[0] + t[2]) + (t[1] + t[3])
+                } else {
+                    let t: Vec<f32> = (0..4).map(|i| acc[i + 4] + acc[i]).collect();
+                    (t[0] + t[2]) + (t[1] + t[3])
+                };
+                let got = match level {
+                    Isa::Avx2 => unsafe { super::super::avx2::f32_f32_sgemm(n, &wb, &ab) },
+                    _ => unsafe { super::super::avx512::f32_f32_sgemm(n, &wb, &ab) },
+                };
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "n {n} {level:?}: {got} vs {want}"
+                );
+                // F16: the same steps on the halves' values
+                let h = |v: &[f32]| -> (Vec<u8>, Vec<u8>) {
+                    let hs: Vec<u16> = v.iter().map(|&x| f32_to_f16(x)).collect();
+                    let back: Vec<f32> = hs.iter().map(|&x| f16_to_f32(x)).collect();
+                    (
+                        hs.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                        bytes(&back),
+                    )
+                };
+                let ((wh, wf), (ah, af)) = (h(&w), h(&a));
+                let (got, want) = match level {
+                    Isa::Avx2 => unsafe {
+                        (
+                            super::super::avx2::f16_f16_sgemm(n, &wh, &ah),
+                            super::super::avx2::f32_f32_sgemm(n, &wf, &af),
+                        )
+                    },
+                    _ => unsafe {
+                        (
+                            super::super::avx512::f16_f16_sgemm(n, &wh, &ah),
+                            super::super::avx512::f32_f32_sgemm(n, &wf, &af),
+                        )
+                    },
+                };
+                assert_eq!(got.to_bits(), want.to_bits(), "f16 n {n} {level:?}");
             }
         }
     }

@@ -4,8 +4,8 @@
 //! tile of rows across every token so the weights are read from memory once per batch.
 
 use super::dot::{
-    kernel, kernel4, kernel4_rowwise, kernel_batched, kernel_tile, DotFn, DotFn4, DotTile,
-    TILED_MIN_ROWS,
+    kernel, kernel4, kernel4_rowwise, kernel_batched, kernel_sgemm, kernel_tile, DotFn, DotFn4,
+    DotTile, TILED_MIN_ROWS,
 };
 use super::packed;
 use super::pool::{split_range, SyncPtr, ThreadPool};
@@ -137,10 +137,14 @@ pub fn matmul_prepared(pool: &ThreadPool, w: &QMat, act: &Activations, out: &mut
         return q6k_tiled_product(pool, w, act, out);
     }
     let dot = kernel(w.ty).unwrap_or_else(|| panic!("no kernel for {}: checked at load", w.ty));
+    let sgemm = kernel_sgemm(w.ty).filter(|_| act.n >= 2 && w.rows.is_multiple_of(4));
     let (dot, dot4, tile) = match kernel_batched(w.ty).filter(|_| act.n >= TILED_MIN_ROWS) {
         // the order ggml sums these types in when the product has this many rows
         Some((one, four)) => (one, four, None),
-        None => (dot, kernel4(w.ty), kernel_tile(w.ty)),
+        None => match sgemm {
+            Some(one) => (one, None, None),
+            None => (dot, kernel4(w.ty), kernel_tile(w.ty)),
+        },
     };
     let out = SyncPtr::new(out.as_mut_ptr());
     pool.run(|ith, nth| {
