@@ -618,18 +618,18 @@ mod tests {
             Some(&bias),
             &routing(2, Gating::Sigmoid, false, 2.5),
         );
-        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![2, 1]);
         let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-        assert_eq!(r[1].1, sig(-1.0) * 2.5);
-        assert_eq!(r[0].1, sig(2.0) * 2.5);
+        assert_eq!(r[0].1, sig(-1.0) * 2.5);
+        assert_eq!(r[1].1, sig(2.0) * 2.5);
         let r = route(
             &logits,
             None,
             &routing(2, Gating::SoftmaxWeight, false, 1.0),
         );
-        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 3]);
         let (a, b) = (1.0f32, (-1.0f32).exp());
-        assert!((r[1].1 - a / (a + b)).abs() < 1e-7 && (r[0].1 - b / (a + b)).abs() < 1e-7);
+        assert!((r[0].1 - a / (a + b)).abs() < 1e-7 && (r[1].1 - b / (a + b)).abs() < 1e-7);
     }
 
     /// Per-expert biases enter before the activation (gate, up) and before the weighting
