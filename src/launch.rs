@@ -1316,5 +1316,47 @@ mod tests {
         .placement;
         let e = engine_params(&c, &intent, shape);
         assert_eq!((e.n_threads, e.n_ubatch, e.type_k), (3, 64, GgmlType::Q8_0));
+        assert_eq!(
+            e.rope,
+            RopeOverrides::default(),
+            "no flag leaves the model's RoPE"
+        );
+    }
+
+    #[test]
+    fn rope_and_yarn_flags_reach_the_engine() {
+        let args = [
+            "--rope-scaling",
+            "yarn",
+            "--rope-scale",
+            "4",
+            "--rope-freq-base",
+            "50000",
+            "--yarn-orig-ctx",
+            "8192",
+            "--yarn-ext-factor",
+            "0.5",
+            "--yarn-attn-factor",
+            "0.9",
+            "--yarn-beta-fast",
+            "16",
+            "--yarn-beta-slow",
+            "2",
+        ];
+        let c = cfg(&args);
+        let e = engine_params(&c, &intent(&args), slot_shape(&c, 2048, 2048));
+        assert_eq!(
+            e.rope,
+            RopeOverrides {
+                scaling: Some(RopeScaling::Yarn),
+                freq_base: 50000.0,
+                freq_scale: 0.25,
+                yarn_orig_ctx: 8192,
+                yarn_ext_factor: 0.5,
+                yarn_attn_factor: 0.9,
+                yarn_beta_fast: 16.0,
+                yarn_beta_slow: 2.0,
+            }
+        );
     }
 }

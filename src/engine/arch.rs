@@ -570,3 +570,53 @@ impl Yarn {
         y
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama_context's YaRN set-up: extrapolation on for YaRN files unless the command line says
+    /// otherwise; the magnitude from the factor (a given `--yarn-attn-factor` is overwritten
+    /// then, and kept when YaRN is off); the file's `attn_factor` multiplies either.
+    #[test]
+    fn yarn_parameters_follow_llama_context() {
+        let none = RopeOverrides::default();
+        let y = Yarn::derive(true, 1.0 / 32.0, 1.0, 4096, &none);
+        let want = (0.1 * 32f32.ln() + 1.0) * (1.0 / (1.0 + 0.1 * 32f32.ln()));
+        assert_eq!(
+            (y.ext_factor, y.attn_factor, y.beta_fast, y.beta_slow),
+            (1.0, want, 32.0, 1.0)
+        );
+        let plain = Yarn::derive(false, 1.0, 2.0, 4096, &none);
+        assert_eq!((plain.ext_factor, plain.attn_factor), (0.0, 2.0));
+        let cli = RopeOverrides {
+            yarn_ext_factor: 0.0,
+            yarn_attn_factor: 0.5,
+            yarn_beta_fast: 16.0,
+            yarn_beta_slow: 2.0,
+            ..RopeOverrides::default()
+        };
+        let y = Yarn::derive(true, 1.0 / 32.0, 1.0, 4096, &cli);
+        assert_eq!(
+            (y.ext_factor, y.attn_factor, y.beta_fast, y.beta_slow),
+            (0.0, 0.5, 16.0, 2.0)
+        );
+        let cli = RopeOverrides {
+            yarn_ext_factor: 0.25,
+            yarn_attn_factor: 0.5,
+            ..RopeOverrides::default()
+        };
+        let y = Yarn::derive(false, 1.0 / 4.0, 1.0, 4096, &cli);
+        let want = (0.1 * 4f32.ln() + 1.0) * (1.0 / (1.0 + 0.1 * 4f32.ln()));
+        assert_eq!((y.ext_factor, y.attn_factor), (0.25, want));
+    }
+
+    #[test]
+    fn rope_scaling_names() {
+        assert_eq!(RopeScaling::parse("yarn"), Some(RopeScaling::Yarn));
+        assert_eq!(RopeScaling::parse("none"), Some(RopeScaling::None));
+        assert_eq!(RopeScaling::parse("linear"), Some(RopeScaling::Linear));
+        assert_eq!(RopeScaling::parse(""), None);
+        assert_eq!(RopeScaling::parse("longrope"), None);
+    }
+}
