@@ -637,18 +637,7 @@ fn residency(layers: &[GpuLayer], n_expert: usize) -> Option<Swaps> {
 
 /// Why the card cannot serve these weights with these parameters, if it cannot (checked before
 /// any upload).
-pub fn unsupported(
-    spec: &ArchSpec,
-    w: &Weights,
-    hp: &Hparams,
-    params: &EngineParams,
-) -> Option<String> {
-    if !spec.cuda {
-        return Some(format!(
-            "the CUDA engine does not build {} layers yet",
-            spec.name
-        ));
-    }
+pub fn unsupported(w: &Weights, hp: &Hparams, params: &EngineParams) -> Option<String> {
     if params.type_k != GgmlType::F16 || params.type_v != GgmlType::F16 {
         return Some(format!(
             "the CUDA engine keeps its KV cache in f16; -ctk {} -ctv {} are not built for it yet",

@@ -245,9 +245,19 @@ pub fn load(gguf: &GgufFile, params: &EngineParams) -> Result<Box<dyn Forward>, 
     };
     let hp = arch::Hparams::read(spec, &keys, &params.rope)?;
     let loader = weights::Loader::new(gguf)?;
-    if let Some(ordinal) = params.gpu {
+    // a family the CUDA engine does not build is refused before any weight is read for the card
+    let card = params.gpu.filter(|_| {
+        if !spec.cuda {
+            log::warn!(
+                "serving on the CPU: the CUDA engine does not build {} layers yet",
+                spec.name
+            );
+        }
+        spec.cuda
+    });
+    if let Some(ordinal) = card {
         let w = model::Weights::load(spec, &hp, &loader)?;
-        match gpu::unsupported(spec, &w, &hp, params) {
+        match gpu::unsupported(&w, &hp, params) {
             Some(why) => log::warn!("serving on the CPU: {why}"),
             None => {
                 let cuda = crate::backend::cuda::Cuda::open(ordinal)?;

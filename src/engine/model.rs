@@ -537,7 +537,7 @@ impl Model {
                         b.o.resize(rows * n_embd, 0.0);
                         dense_ffn(
                             pool,
-                            Act::Silu,
+                            self.spec.act,
                             [sg, su, sd],
                             &b.cur,
                             rows,

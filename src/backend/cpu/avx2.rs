@@ -715,61 +715,49 @@ pub unsafe fn f16_to_f32_slice(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// An F32 product in the order of llamafile's `tinyBLAS` (AVX2 build), which ggml takes for F32
-/// weights whose rows come in fours and two or more activation rows: one 8-lane accumulator, a
-/// fused multiply-add per 8 values (the last ones zero-padded), then its `hsum`.
+/// A product in the order of llamafile's `tinyBLAS` (AVX2 build), which ggml takes for F32 and
+/// F16 weights whose rows come in fours and two or more activation rows: one 8-lane accumulator,
+/// a fused multiply-add per 8 values (`load` reads 8 elements as floats; the last ones are
+/// zero-padded), then its `hsum`: halves added, then (0 + 2) + (1 + 3).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn f32_f32_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert!(w.len() >= 4 * n && a.len() >= 4 * n);
-    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+unsafe fn tinyblas8<T: Copy + Default>(
+    n: usize,
+    w: *const T,
+    a: *const T,
+    load: impl Fn(*const T) -> __m256,
+) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut l = 0;
     while l + 8 <= n {
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(l)), _mm256_loadu_ps(ap.add(l)), acc);
+        acc = _mm256_fmadd_ps(load(w.add(l)), load(a.add(l)), acc);
         l += 8;
     }
     if l < n {
-        let (mut x, mut y) = ([0f32; 8], [0f32; 8]);
-        x[..n - l].copy_from_slice(std::slice::from_raw_parts(wp.add(l), n - l));
-        y[..n - l].copy_from_slice(std::slice::from_raw_parts(ap.add(l), n - l));
-        acc = _mm256_fmadd_ps(
-            _mm256_loadu_ps(x.as_ptr()),
-            _mm256_loadu_ps(y.as_ptr()),
-            acc,
-        );
+        let (mut x, mut y) = ([T::default(); 8], [T::default(); 8]);
+        x[..n - l].copy_from_slice(std::slice::from_raw_parts(w.add(l), n - l));
+        y[..n - l].copy_from_slice(std::slice::from_raw_parts(a.add(l), n - l));
+        acc = _mm256_fmadd_ps(load(x.as_ptr()), load(y.as_ptr()), acc);
     }
-    tinyblas_hsum(acc)
-}
-
-/// `tinyBLAS`'s `hsum` of an 8-lane accumulator: halves added, then (0 + 2) + (1 + 3).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tinyblas_hsum(acc: __m256) -> f32 {
     let x = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
     let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
 }
 
-/// [`f32_f32_sgemm`] for F16 weights and activations (each 8 halves converted to floats, the
-/// last ones zero-padded).
+/// [`tinyblas8`] of F32 weights and activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f32_f32_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert!(w.len() >= 4 * n && a.len() >= 4 * n);
+    let load = |p: *const f32| _mm256_loadu_ps(p);
+    tinyblas8(n, w.as_ptr() as *const f32, a.as_ptr() as *const f32, load)
+}
+
+/// [`tinyblas8`] of F16 weights and activations (each 8 halves converted to floats).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16_f16_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert!(w.len() >= 2 * n && a.len() >= 2 * n);
-    let (wp, ap) = (w.as_ptr() as *const u16, a.as_ptr() as *const u16);
     let load = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-    let mut acc = _mm256_setzero_ps();
-    let mut l = 0;
-    while l + 8 <= n {
-        acc = _mm256_fmadd_ps(load(wp.add(l)), load(ap.add(l)), acc);
-        l += 8;
-    }
-    if l < n {
-        let (mut x, mut y) = ([0u16; 8], [0u16; 8]);
-        x[..n - l].copy_from_slice(std::slice::from_raw_parts(wp.add(l), n - l));
-        y[..n - l].copy_from_slice(std::slice::from_raw_parts(ap.add(l), n - l));
-        acc = _mm256_fmadd_ps(load(x.as_ptr()), load(y.as_ptr()), acc);
-    }
-    tinyblas_hsum(acc)
+    tinyblas8(n, w.as_ptr() as *const u16, a.as_ptr() as *const u16, load)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

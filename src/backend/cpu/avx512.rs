@@ -225,51 +225,50 @@ pub unsafe fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum as f32
 }
 
-/// ggml's F32 dot product as built for AVX-512 (the layout of [`f16_f16`]); the rest one
-/// multiply-add at a time in f32.
-/// [`f32_f32_sgemm`] for F16 weights and activations (`tinyBLAS` converts each 16 halves to
-/// floats, the tail through a masked load, then the same fused steps and reduction).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn f16_f16_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert!(w.len() >= 2 * n && a.len() >= 2 * n);
-    let (wp, ap) = (w.as_ptr() as *const u16, a.as_ptr() as *const u16);
-    let load = |p: *const u16| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+/// A product in the order of llamafile's `tinyBLAS` (AVX-512 build), which ggml takes for F32 and
+/// F16 weights whose rows come in fours and two or more activation rows: one 16-lane
+/// accumulator, a fused multiply-add per 16 values, `load(p, mask)` reading the lanes of `mask`
+/// (zero elsewhere) as floats, then `_mm512_reduce_add_ps`'s tree.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn tinyblas16<T>(
+    n: usize,
+    w: *const T,
+    a: *const T,
+    load: impl Fn(*const T, __mmask16) -> __m512,
+) -> f32 {
     let mut acc = _mm512_setzero_ps();
     let mut l = 0;
-    while l + 16 <= n {
-        acc = _mm512_fmadd_ps(load(wp.add(l)), load(ap.add(l)), acc);
+    while l < n {
+        let m: __mmask16 = if n - l >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << (n - l)) - 1
+        };
+        acc = _mm512_fmadd_ps(load(w.add(l), m), load(a.add(l), m), acc);
         l += 16;
-    }
-    if l < n {
-        let m: __mmask16 = (1u16 << (n - l)) - 1;
-        let part = |p: *const u16| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16));
-        acc = _mm512_fmadd_ps(part(wp.add(l)), part(ap.add(l)), acc);
     }
     reduce_add_ps(acc)
 }
 
-/// An F32 product in the order of llamafile's `tinyBLAS` (AVX-512 build), which ggml takes for
-/// F32 weights whose rows come in fours and two or more activation rows: one 16-lane
-/// accumulator, a fused multiply-add per 16 values (the last ones through a masked load), then
-/// `_mm512_reduce_add_ps`'s tree.
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+/// [`tinyblas16`] of F32 weights and activations.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub unsafe fn f32_f32_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert!(w.len() >= 4 * n && a.len() >= 4 * n);
-    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
-    let mut acc = _mm512_setzero_ps();
-    let mut l = 0;
-    while l + 16 <= n {
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(wp.add(l)), _mm512_loadu_ps(ap.add(l)), acc);
-        l += 16;
-    }
-    if l < n {
-        let m: __mmask16 = (1u16 << (n - l)) - 1;
-        let x = _mm512_maskz_loadu_ps(m, wp.add(l));
-        acc = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, ap.add(l)), acc);
-    }
-    reduce_add_ps(acc)
+    let load = |p: *const f32, m| _mm512_maskz_loadu_ps(m, p);
+    tinyblas16(n, w.as_ptr() as *const f32, a.as_ptr() as *const f32, load)
 }
 
+/// [`tinyblas16`] of F16 weights and activations (each 16 halves converted to floats).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub unsafe fn f16_f16_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert!(w.len() >= 2 * n && a.len() >= 2 * n);
+    let load = |p: *const i16, m| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    tinyblas16(n, w.as_ptr() as *const i16, a.as_ptr() as *const i16, load)
+}
+
+/// ggml's F32 dot product as built for AVX-512 (the layout of [`f16_f16`]); the rest one
+/// multiply-add at a time in f32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 pub unsafe fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut acc = [_mm512_setzero_ps(); 4];

@@ -485,7 +485,7 @@ mod tests {
         for ty in [Q4_0, Mxfp4] {
             let w = random_weights(ty, n, &mut rng);
             let a = &random_acts(ty, n, 1, 2.0, &mut rng)[0];
-            let (wb, ab) = (ty.type_size(), 34);
+            let (wb, ab) = (ty.type_size(), super::super::quant::Q8_0_BYTES);
             let mut want = 0f32;
             for (bw, ba) in w.chunks_exact(wb).zip(a.chunks_exact(ab)) {
                 let (dw, q): (f32, Vec<i32>) = match ty {

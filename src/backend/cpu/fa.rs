@@ -15,6 +15,24 @@ pub enum ExpFlavor {
     Avx2,
 }
 
+impl ExpFlavor {
+    /// The floats in one of the flavor's vectors.
+    pub fn lanes(self) -> usize {
+        match self {
+            ExpFlavor::Avx512 => 16,
+            ExpFlavor::Avx2 => 8,
+        }
+    }
+
+    /// One lane of the flavor's `ggml_v_expf`.
+    pub fn expf_lane(self, x: f32) -> f32 {
+        match self {
+            ExpFlavor::Avx512 => expf_avx512_lane(x),
+            ExpFlavor::Avx2 => expf_avx2_lane(x),
+        }
+    }
+}
+
 pub fn exp_flavor() -> ExpFlavor {
     static F: OnceLock<ExpFlavor> = OnceLock::new();
     *F.get_or_init(|| {
@@ -106,10 +124,7 @@ pub fn soft_max_row(row: &mut [f32], max: f32) -> f64 {
 /// `ggml_vec_soft_max_f32` for a row of any length: [`soft_max_row`] over the whole vectors, then
 /// libm's `expf` for the last values, each added to the double sum.
 pub fn soft_max_any(row: &mut [f32], max: f32) -> f64 {
-    let lanes = match exp_flavor() {
-        ExpFlavor::Avx512 => 16,
-        ExpFlavor::Avx2 => 8,
-    };
+    let lanes = exp_flavor().lanes();
     let body = row.len() / lanes * lanes;
     let (head, tail) = row.split_at_mut(body);
     let mut sum = soft_max_row(head, max);

@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 
 use super::dot::{isa, Isa};
-use super::fa::{self, ExpFlavor};
+use super::fa;
 use crate::model::quants::{f16_to_f32, f32_to_f16};
 
 /// Elements per block of ggml's f16 loops (`GGML_F16_STEP` with AVX512-FP16); the rest of a row
@@ -211,24 +211,16 @@ unsafe fn gelu_mul_f16c(table: &[u16], gate: &mut [f32], up: &[f32]) -> usize {
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());
     let flavor = fa::exp_flavor();
-    let lanes = match flavor {
-        ExpFlavor::Avx512 => 16,
-        ExpFlavor::Avx2 => 8,
-    };
-    let body = gate.len() / lanes * lanes;
+    let body = gate.len() / flavor.lanes() * flavor.lanes();
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if flavor == ExpFlavor::Avx512 {
+    if flavor == fa::ExpFlavor::Avx512 {
         // SAFETY: the flavor is Avx512 only where avx512f and avx512dq were detected.
         unsafe { fa::silu_mul_avx512(&mut gate[..body], &up[..body]) };
         done = body;
     }
-    let exp = match flavor {
-        ExpFlavor::Avx512 => fa::expf_avx512_lane,
-        ExpFlavor::Avx2 => fa::expf_avx2_lane,
-    };
     for (g, &u) in gate[done..body].iter_mut().zip(&up[done..body]) {
-        *g = *g / (1.0 + exp(0.0 - *g)) * u;
+        *g = *g / (1.0 + flavor.expf_lane(0.0 - *g)) * u;
     }
     for (g, &u) in gate[body..].iter_mut().zip(&up[body..]) {
         *g = *g / (1.0 + (-*g).exp()) * u;
@@ -249,18 +241,10 @@ mod tests {
         let mut got = x.clone();
         super::silu_mul(&mut got, &up);
         let flavor = super::fa::exp_flavor();
-        let lanes = if flavor == super::ExpFlavor::Avx512 {
-            16
-        } else {
-            8
-        };
-        let body = x.len() / lanes * lanes;
+        let body = x.len() / flavor.lanes() * flavor.lanes();
         for i in 0..x.len() {
             let e = if i < body {
-                match flavor {
-                    super::ExpFlavor::Avx512 => super::fa::expf_avx512_lane(-x[i]),
-                    super::ExpFlavor::Avx2 => super::fa::expf_avx2_lane(-x[i]),
-                }
+                flavor.expf_lane(-x[i])
             } else {
                 (-x[i]).exp()
             };
