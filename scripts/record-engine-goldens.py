@@ -50,6 +50,8 @@ SYNTH_MODELS = [
     ("tiny-gemma3", "q6_K", "q6_K", "q8_0"),
     ("tiny-gpt-oss", "q8_0", "mxfp4", "q8_0"),
     ("tiny-glm4moe", "q5_K", "q4_K", "q8_0"),
+    ("tiny-deepseek2", "q4_K", "q4_K", "q8_0"),
+    ("tiny-deepseek2-kvb", "q8_0", "q6_K", "q8_0"),
 ]
 N_PREDICT = 64
 

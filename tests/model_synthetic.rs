@@ -20,6 +20,7 @@ const TINY: &[&str] = &[
     "tiny-gemma3",
     "tiny-gpt-oss",
     "tiny-deepseek2",
+    "tiny-deepseek2-kvb",
     "tiny-glm4moe",
 ];
 

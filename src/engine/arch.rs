@@ -93,6 +93,9 @@ pub struct ArchSpec {
     /// Only the rows whose logits are wanted go through the last layer's FFN (most families);
     /// gpt-oss trims them after the last layer.
     pub trim_last_ffn: bool,
+    /// Multi-head latent attention (DeepSeek-V2 family): low-rank query and key-value
+    /// projections, a shared rotary key, per-head decompression (`model::Attn::Mla`).
+    pub latent_attn: bool,
     /// The CUDA engine builds this family's layers.
     pub cuda: bool,
 }
@@ -115,6 +118,7 @@ const fn base(name: &'static str, rope: RopeKind) -> ArchSpec {
         sinks: false,
         swa_rope_same: false,
         trim_last_ffn: true,
+        latent_attn: false,
         cuda: true,
     }
 }
@@ -170,6 +174,16 @@ pub const ARCHS: &[ArchSpec] = &[
         cuda: false,
         ..base("glm4moe", RopeKind::Neox)
     },
+    // DeepSeek-V2/V3, Kimi-K2: latent attention, leading dense layers, shared experts, softmax
+    // (V2) or sigmoid (V3) gating with a selection bias and expert groups
+    ArchSpec {
+        moe: true,
+        gating_key: true,
+        expert_norm: None,
+        latent_attn: true,
+        cuda: false,
+        ..base("deepseek2", RopeKind::Norm)
+    },
 ];
 
 pub fn spec(arch: &str) -> Result<&'static ArchSpec, EngineError> {
@@ -214,6 +228,31 @@ pub struct Hparams {
     pub n_expert_shared: usize,
     /// The first layers have a dense FFN (`leading_dense_block_count`).
     pub n_leading_dense: usize,
+    /// Group-limited routing (DeepSeek-V3): experts in `n_expert_groups` equal groups, each
+    /// token choosing only among the `n_group_used` groups with the best two-expert sums.
+    pub n_expert_groups: usize,
+    pub n_group_used: usize,
+    /// Latent attention's sizes (zero for other families).
+    pub mla: MlaDims,
+}
+
+/// The sizes of DeepSeek-V2-style latent attention, as llama.cpp reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MlaDims {
+    /// Query projection rank (`attention.q_lora_rank`, 0: one full projection).
+    pub q_rank: usize,
+    /// Compressed key-value width (`attention.kv_lora_rank`).
+    pub kv_rank: usize,
+    /// A query/key head's width before absorption (the non-rotary part plus `n_rot`) and a value
+    /// head's width after decompression: `attention.key_length_mla`/`value_length_mla` in files
+    /// written for the absorbed form, the plain head widths in older ones.
+    pub head_k: usize,
+    pub head_v: usize,
+    /// The file stores the absorbed form (`attn_k_b`/`attn_v_b`; the cache holds one latent head
+    /// of `kv_rank + n_rot`), not `attn_kv_b`.
+    pub absorbed: bool,
+    /// The attention scale: YaRN's magnitude squared over the square root of `head_k`.
+    pub kq_scale: f32,
 }
 
 /// YaRN's RoPE parameters as llama.cpp's context derives them (`ext_factor` 0: plain RoPE, and
@@ -225,6 +264,8 @@ pub struct Yarn {
     pub beta_fast: f32,
     pub beta_slow: f32,
     pub n_ctx_orig: u32,
+    /// `rope.scaling.yarn_log_multiplier` as llama.cpp holds it (DeepSeek-V2 family; 0: none).
+    pub log_mul: f32,
 }
 
 impl Yarn {
@@ -345,6 +386,19 @@ impl Keys<'_> {
         ))
     }
 
+    /// The vocabulary's size as llama.cpp's loader reads it (`vocab_size`, else the token list).
+    pub fn n_vocab(&self) -> usize {
+        self.opt_usize("vocab_size")
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                self.gguf
+                    .get("tokenizer.ggml.tokens")
+                    .and_then(MetaValue::as_array)
+                    .map_or(0, |a| a.len())
+            })
+    }
+
     /// A per-layer bool array (`attention.sliding_window_pattern` as an array).
     pub fn opt_bool_array(&self, key: &str) -> Option<Vec<bool>> {
         self.get(key)?
@@ -425,12 +479,20 @@ impl Hparams {
                 .map_or(n_ctx_train, |n| n as u32),
             n => n,
         };
+        // DeepSeek-V2's converter stores 0.1 x `mscale_all_dim` (llama.cpp divides it back)
+        let log_mul = if spec.latent_attn {
+            keys.opt_f32("rope.scaling.yarn_log_multiplier")?
+                .map_or(0.0, |m| m / 0.1)
+        } else {
+            0.0
+        };
         let yarn = Yarn::derive(
             scaling == RopeScaling::Yarn,
             rope_scale,
             keys.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
             n_ctx_orig,
             rope,
+            (log_mul, spec.latent_attn),
         );
         let n_swa = keys.opt_usize("attention.sliding_window")?.unwrap_or(0) as u32;
         let swa_layers = match spec.swa_period {
@@ -487,6 +549,11 @@ impl Hparams {
             .filter(|&s| s != 0.0)
             .unwrap_or(1.0);
         let mut gating = spec.gating;
+        if spec.latent_attn && (n_layer == 47 || n_layer == 48) && keys.n_vocab() == 154880 {
+            // GLM-4.7 Lite files in this family name no gating function: sigmoid, as upstream
+            // assumes
+            gating = Gating::Sigmoid;
+        }
         if spec.gating_key {
             if let Some(code) = keys.opt_usize("expert_gating_func")? {
                 match Gating::from_code(code) {
@@ -504,6 +571,44 @@ impl Hparams {
             .opt_usize("leading_dense_block_count")?
             .unwrap_or(0)
             .min(n_layer);
+        let n_expert_groups = keys.opt_usize("expert_group_count")?.unwrap_or(0);
+        let n_group_used = keys.opt_usize("expert_group_used_count")?.unwrap_or(0);
+        if n_expert > 0 && n_expert_groups > 1 {
+            let per = n_expert / n_expert_groups;
+            if n_expert % n_expert_groups != 0
+                || per < 2
+                || n_group_used == 0
+                || n_group_used > n_expert_groups
+                || n_group_used * per < n_expert_used
+            {
+                return Err(EngineError::Load(format!(
+                    "{n_expert} experts in {n_expert_groups} groups, {n_group_used} of them \
+                     used, cannot give {n_expert_used} experts a token"
+                )));
+            }
+        }
+        let mla = if spec.latent_attn {
+            if keys
+                .opt_f32("attention.temperature_scale")?
+                .is_some_and(|t| t != 0.0)
+            {
+                return Err(EngineError::Load(
+                    "attention temperature tuning (attention.temperature_scale) is not \
+                     supported yet"
+                        .into(),
+                ));
+            }
+            MlaDims::read(
+                keys,
+                (head_dim_k, head_dim_v),
+                n_head_kv,
+                n_rot,
+                &yarn,
+                rope_scale,
+            )?
+        } else {
+            MlaDims::default()
+        };
         let softcap = |v: Option<f32>| v.filter(|&c| c != 0.0);
         Ok(Hparams {
             n_embd,
@@ -531,6 +636,59 @@ impl Hparams {
             expert_scale,
             n_expert_shared,
             n_leading_dense,
+            n_expert_groups,
+            n_group_used,
+            mla,
+        })
+    }
+}
+
+impl MlaDims {
+    /// The latent-attention sizes of a DeepSeek-V2-family file whose plain head widths are
+    /// `(head_k, head_v)`, checked against each other, and the attention scale as llama.cpp's
+    /// graph derives it from the context's YaRN settings.
+    fn read(
+        keys: &Keys,
+        (head_k, head_v): (usize, usize),
+        n_head_kv: usize,
+        n_rot: usize,
+        yarn: &Yarn,
+        freq_scale: f32,
+    ) -> Result<MlaDims, EngineError> {
+        let kv_rank = keys.usize("attention.kv_lora_rank")?;
+        let q_rank = keys.opt_usize("attention.q_lora_rank")?.unwrap_or(0);
+        let k_mla = keys.opt_usize("attention.key_length_mla")?;
+        let v_mla = keys.opt_usize("attention.value_length_mla")?;
+        let (absorbed, hk, hv) = match (k_mla, v_mla) {
+            (Some(k), Some(v)) if k > 0 && v > 0 => (true, k, v),
+            _ => (false, head_k, head_v),
+        };
+        let bad = |what: String| Err(EngineError::Load(format!("latent attention: {what}")));
+        if hk <= n_rot || kv_rank == 0 {
+            return bad(format!(
+                "key heads of {hk} with {n_rot} rotary dimensions and rank {kv_rank}"
+            ));
+        }
+        if absorbed && (head_k != kv_rank + n_rot || head_v != kv_rank || n_head_kv != 1) {
+            return bad(format!(
+                "the absorbed form caches one head of {} keys and {kv_rank} values, the file \
+                 says {n_head_kv} heads of {head_k} and {head_v}",
+                kv_rank + n_rot
+            ));
+        }
+        // llama.cpp cancels the kernel's own YaRN correction to recover the original factor,
+        // then scales the scores by the square of the magnitude with `log_mul`
+        let inv = 1.0 / freq_scale;
+        let attn_factor_org = yarn.attn_factor * (1.0 + 0.1 * inv.ln());
+        let mscale = attn_factor_org * (1.0 + 0.1 * yarn.log_mul * inv.ln());
+        let kq_scale = 1.0 * mscale * mscale / (hk as f32).sqrt();
+        Ok(MlaDims {
+            q_rank,
+            kv_rank,
+            head_k: hk,
+            head_v: hv,
+            absorbed,
+            kq_scale,
         })
     }
 }
@@ -540,13 +698,17 @@ impl Yarn {
     /// scaling type in effect, the position scale, the file's `rope.scaling.attn_factor` and the
     /// command line's settings: YaRN extrapolates fully (`ext_factor` 1) unless told otherwise,
     /// and then its magnitude comes from the factor (a `--yarn-attn-factor` is overwritten, as
-    /// upstream overwrites it), cancelling the correction ggml's kernel applies.
+    /// upstream overwrites it), cancelling the correction ggml's kernel applies. A file with a
+    /// `yarn_log_multiplier` (`log_mul`, 0: none) makes that magnitude the ratio of two of
+    /// YaRN's `mscale`s, the second taking the multiplier (and the first too in DeepSeek-V2's
+    /// files, `deepseek2`, when it is not 1).
     pub fn derive(
         is_yarn: bool,
         freq_scale: f32,
         rope_attn_factor: f32,
         n_ctx_orig: u32,
         cli: &RopeOverrides,
+        (log_mul, deepseek2): (f32, bool),
     ) -> Yarn {
         let set = |v: f32, default: f32| if v >= 0.0 { v } else { default };
         let mut y = Yarn {
@@ -555,14 +717,27 @@ impl Yarn {
             beta_fast: set(cli.yarn_beta_fast, 32.0),
             beta_slow: set(cli.yarn_beta_slow, 1.0),
             n_ctx_orig,
+            log_mul,
         };
         if y.ext_factor != 0.0 {
-            // llama.cpp's `get_mscale(factor, 1)`, then the kernel's own correction cancelled
+            // llama.cpp's `get_mscale`, then the kernel's own correction cancelled
             let factor = 1.0 / freq_scale;
-            y.attn_factor = if factor <= 1.0 {
-                1.0
+            let get_mscale = |mscale: f32| {
+                if factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * mscale * factor.ln() + 1.0
+                }
+            };
+            y.attn_factor = if log_mul != 0.0 {
+                let mscale = if deepseek2 && log_mul != 1.0 {
+                    log_mul
+                } else {
+                    1.0
+                };
+                get_mscale(mscale) / get_mscale(log_mul)
             } else {
-                0.1 * factor.ln() + 1.0
+                get_mscale(1.0)
             };
             y.attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
         }
@@ -581,13 +756,13 @@ mod tests {
     #[test]
     fn yarn_parameters_follow_llama_context() {
         let none = RopeOverrides::default();
-        let y = Yarn::derive(true, 1.0 / 32.0, 1.0, 4096, &none);
+        let y = Yarn::derive(true, 1.0 / 32.0, 1.0, 4096, &none, (0.0, false));
         let want = (0.1 * 32f32.ln() + 1.0) * (1.0 / (1.0 + 0.1 * 32f32.ln()));
         assert_eq!(
             (y.ext_factor, y.attn_factor, y.beta_fast, y.beta_slow),
             (1.0, want, 32.0, 1.0)
         );
-        let plain = Yarn::derive(false, 1.0, 2.0, 4096, &none);
+        let plain = Yarn::derive(false, 1.0, 2.0, 4096, &none, (0.0, false));
         assert_eq!((plain.ext_factor, plain.attn_factor), (0.0, 2.0));
         let cli = RopeOverrides {
             yarn_ext_factor: 0.0,
@@ -596,7 +771,7 @@ mod tests {
             yarn_beta_slow: 2.0,
             ..RopeOverrides::default()
         };
-        let y = Yarn::derive(true, 1.0 / 32.0, 1.0, 4096, &cli);
+        let y = Yarn::derive(true, 1.0 / 32.0, 1.0, 4096, &cli, (0.0, false));
         assert_eq!(
             (y.ext_factor, y.attn_factor, y.beta_fast, y.beta_slow),
             (0.0, 0.5, 16.0, 2.0)
@@ -606,7 +781,7 @@ mod tests {
             yarn_attn_factor: 0.5,
             ..RopeOverrides::default()
         };
-        let y = Yarn::derive(false, 1.0 / 4.0, 1.0, 4096, &cli);
+        let y = Yarn::derive(false, 1.0 / 4.0, 1.0, 4096, &cli, (0.0, false));
         let want = (0.1 * 4f32.ln() + 1.0) * (1.0 / (1.0 + 0.1 * 4f32.ln()));
         assert_eq!((y.ext_factor, y.attn_factor), (0.25, want));
     }

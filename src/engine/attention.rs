@@ -172,7 +172,7 @@ fn one_head(
     let kb = kv.k_row / shape.n_head_kv;
     let vb = kv.v_row / shape.n_head_kv;
     let k_rows = &cells.k[il];
-    let v_rows = &cells.v[il];
+    let (v_rows, v_stride) = kv.v_rows(cells, il);
     let half_v = kv.type_v == GgmlType::F16;
     let q_ty = vec_dot_type(kv.type_k);
     let kdot = kernel(kv.type_k).expect("cache types are checked at load");
@@ -192,7 +192,7 @@ fn one_head(
         }
         let krow = &k_rows[c * kv.k_row + kvh * kb..c * kv.k_row + (kvh + 1) * kb];
         let s = kdot(dk, krow, &sc.q_conv) * shape.scale;
-        let vrow = &v_rows[c * kv.v_row + kvh * vb..c * kv.v_row + (kvh + 1) * vb];
+        let vrow = &v_rows[c * v_stride + kvh * vb..c * v_stride + (kvh + 1) * vb];
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if s > max {
             let old = max;
@@ -348,7 +348,16 @@ fn attend_tiled(
         let n = cells.pos.len();
         g.n_cells = n;
         let k = to_f32(kv.type_k, &cells.k[il][..n * kv.k_row]);
-        g.v = to_f32(kv.type_v, &cells.v[il][..n * kv.v_row]);
+        let (v_rows, v_stride) = kv.v_rows(cells, il);
+        g.v = if v_stride == kv.v_row {
+            to_f32(kv.type_v, &v_rows[..n * kv.v_row])
+        } else {
+            let rows: Vec<u8> = (0..n)
+                .flat_map(|c| &v_rows[c * v_stride..c * v_stride + kv.v_row])
+                .copied()
+                .collect();
+            to_f32(kv.type_v, &rows)
+        };
         let n_tiles = n.div_ceil(TILE_KV);
         g.kt = vec![0.0; nkvh * n_tiles * dk * TILE_KV];
         for h in 0..nkvh {

@@ -17,7 +17,7 @@
 //! plan's experts).
 
 use super::arch::{Act, ArchSpec, Hparams, RopeKind};
-use super::model::{Ffn, Weights};
+use super::model::{Attn, Ffn, Weights};
 use super::moe::{expert_pairs, PairBufs};
 use super::tier::live::{Live, LiveParams};
 use super::tier::ring::{Ring, RingError, Stage};
@@ -650,7 +650,10 @@ pub fn unsupported(w: &Weights, hp: &Hparams, params: &EngineParams) -> Option<S
         types.push((o.name.clone(), o.ty));
     }
     for l in &w.layers {
-        for t in [&l.wq, &l.wk, &l.wv, &l.wo] {
+        let Attn::Gqa(a) = &l.attn else {
+            return Some("latent attention has no CUDA kernels yet".into());
+        };
+        for t in [&a.wq, &a.wk, &a.wv, &l.wo] {
             types.push((t.name.clone(), t.ty));
         }
         let ffn = match &l.ffn {
@@ -722,18 +725,23 @@ impl GpuModel {
                     }
                 }
             };
+            let Attn::Gqa(a) = &l.attn else {
+                return Err(EngineError::Load(
+                    "latent attention has no CUDA kernels yet".into(),
+                ));
+            };
             layers.push(GpuLayer {
                 attn_norm: cuda.upload_f32(&l.attn_norm)?,
-                wq: matrix(&cuda, &l.wq, 1)?,
-                wk: matrix(&cuda, &l.wk, 1)?,
-                wv: matrix(&cuda, &l.wv, 1)?,
+                wq: matrix(&cuda, &a.wq, 1)?,
+                wk: matrix(&cuda, &a.wk, 1)?,
+                wv: matrix(&cuda, &a.wv, 1)?,
                 wo: matrix(&cuda, &l.wo, 1)?,
-                bq: opt_f32(&cuda, &l.bq)?,
-                bk: opt_f32(&cuda, &l.bk)?,
-                bv: opt_f32(&cuda, &l.bv)?,
+                bq: opt_f32(&cuda, &a.bq)?,
+                bk: opt_f32(&cuda, &a.bk)?,
+                bv: opt_f32(&cuda, &a.bv)?,
                 bo: opt_f32(&cuda, &l.bo)?,
-                q_norm: opt_f32(&cuda, &l.q_norm)?,
-                k_norm: opt_f32(&cuda, &l.k_norm)?,
+                q_norm: opt_f32(&cuda, &a.q_norm)?,
+                k_norm: opt_f32(&cuda, &a.k_norm)?,
                 post_attn_norm: opt_f32(&cuda, &l.post_attn_norm)?,
                 ffn_norm: cuda.upload_f32(&l.ffn_norm)?,
                 ffn,

@@ -23,6 +23,9 @@ pub struct KvCache {
     /// Bytes of one cell's K (V) row: all KV heads.
     pub k_row: usize,
     pub v_row: usize,
+    /// V is not stored: each cell's V row is the first `v_row` bytes of its K row (latent
+    /// attention's absorbed form, one KV head, one type for both).
+    v_in_k: bool,
     n_layer: usize,
     n_ctx_seq: usize,
     n_seq_max: usize,
@@ -71,6 +74,7 @@ impl KvCache {
             type_v,
             k_row: row(type_k, k_width),
             v_row: row(type_v, v_width),
+            v_in_k: false,
             n_layer,
             n_ctx_seq,
             n_seq_max,
@@ -81,6 +85,35 @@ impl KvCache {
 
     pub fn set_layout(&mut self, layout: UpstreamLayout) {
         self.layout = layout;
+    }
+
+    /// Reads each cell's V row from the start of its K row instead of storing it (as upstream's
+    /// key-only cache for latent attention): needs one type and one KV head for both.
+    pub fn set_v_in_k(&mut self) {
+        assert!(
+            self.type_k == self.type_v && self.v_row <= self.k_row,
+            "V inside K needs one type and a V row no longer than K's"
+        );
+        self.v_in_k = true;
+    }
+
+    /// Bytes of V each cell stores apart from K.
+    fn v_stored(&self) -> usize {
+        if self.v_in_k {
+            0
+        } else {
+            self.v_row
+        }
+    }
+
+    /// Layer `l`'s V rows of `cells` and the stride between them: cell `c`'s row starts at
+    /// `c * stride` and is `v_row` bytes long.
+    pub fn v_rows<'a>(&self, cells: &'a SeqCells, l: usize) -> (&'a [u8], usize) {
+        if self.v_in_k {
+            (&cells.k[l], self.k_row)
+        } else {
+            (&cells.v[l], self.v_row)
+        }
     }
 
     /// The cells upstream's graph would attend over for `s` on a layer of the window cache
@@ -124,7 +157,7 @@ impl KvCache {
     /// Reserves a cell at `pos` for `s` in every layer and returns its index. A cell already at
     /// `pos` is reused (the new K/V overwrite it).
     pub fn alloc(&mut self, s: SeqId, pos: u32) -> Result<usize, EngineError> {
-        let n_layer = self.n_layer;
+        let (n_layer, vs) = (self.n_layer, self.v_stored());
         let cells = self.seqs.entry(s).or_insert_with(|| SeqCells {
             pos: Vec::new(),
             k: vec![Vec::new(); n_layer],
@@ -143,7 +176,7 @@ impl KvCache {
         cells.pos.push(pos);
         for l in 0..n_layer {
             cells.k[l].resize(cells.pos.len() * self.k_row, 0);
-            cells.v[l].resize(cells.pos.len() * self.v_row, 0);
+            cells.v[l].resize(cells.pos.len() * vs, 0);
         }
         Ok(cells.pos.len() - 1)
     }
@@ -152,9 +185,12 @@ impl KvCache {
     pub fn store(&mut self, s: SeqId, l: usize, c: usize, k: &[f32], v: &[f32]) {
         let (kr, vr) = (self.k_row, self.v_row);
         let (tk, tv) = (self.type_k, self.type_v);
+        let v_in_k = self.v_in_k;
         let cells = self.seqs.get_mut(&s).expect("alloc before store");
         quantize_kv_row(tk, k, &mut cells.k[l][c * kr..(c + 1) * kr]);
-        quantize_kv_row(tv, v, &mut cells.v[l][c * vr..(c + 1) * vr]);
+        if !v_in_k {
+            quantize_kv_row(tv, v, &mut cells.v[l][c * vr..(c + 1) * vr]);
+        }
     }
 
     /// Cells in `[p0, p1)` before this call, for a caller that counts room ahead of a batch.
@@ -176,7 +212,7 @@ impl KvCache {
             && cells
                 .v
                 .iter()
-                .all(|v| v.len() == cells.pos.len() * self.v_row);
+                .all(|v| v.len() == cells.pos.len() * self.v_stored());
         if !fits {
             return false;
         }
@@ -188,6 +224,7 @@ impl KvCache {
     }
 
     pub fn seq_rm(&mut self, s: SeqId, p0: u32, p1: Option<u32>) {
+        let vs = self.v_stored();
         let Some(cells) = self.seqs.get_mut(&s) else {
             return;
         };
@@ -208,7 +245,7 @@ impl KvCache {
         };
         for l in 0..self.n_layer {
             compact(&mut cells.k[l], self.k_row);
-            compact(&mut cells.v[l], self.v_row);
+            compact(&mut cells.v[l], vs);
         }
         let mut i = 0;
         cells.pos.retain(|_| {
@@ -233,12 +270,13 @@ impl KvCache {
             k: vec![Vec::new(); self.n_layer],
             v: vec![Vec::new(); self.n_layer],
         };
+        let vs = self.v_stored();
         for (c, &p) in from.pos.iter().enumerate() {
             if p < n {
                 copy.pos.push(p);
                 for l in 0..self.n_layer {
                     copy.k[l].extend_from_slice(&from.k[l][c * self.k_row..(c + 1) * self.k_row]);
-                    copy.v[l].extend_from_slice(&from.v[l][c * self.v_row..(c + 1) * self.v_row]);
+                    copy.v[l].extend_from_slice(&from.v[l][c * vs..(c + 1) * vs]);
                 }
             }
         }
@@ -292,6 +330,32 @@ mod tests {
                 capacity: 8
             })
         );
+    }
+
+    /// Latent attention's key-only cache: V is read from the start of each K row, through
+    /// removal and copies, and nothing is stored for it.
+    #[test]
+    fn v_inside_k() {
+        let mut kv = KvCache::new(GgmlType::F16, GgmlType::F16, 6, 4, 1, 8, 2).unwrap();
+        kv.set_v_in_k();
+        for p in 0..4u32 {
+            let c = kv.alloc(0, p).unwrap();
+            let k: Vec<f32> = (0..6).map(|i| (10 * p + i) as f32).collect();
+            kv.store(0, 0, c, &k, &[-1.0; 4]);
+        }
+        kv.seq_rm(0, 1, Some(2));
+        kv.seq_cp(0, 1, 3);
+        for s in [0, 1] {
+            let cells = kv.seq(s).unwrap();
+            assert!(cells.v[0].is_empty());
+            let (rows, stride) = kv.v_rows(cells, 0);
+            assert_eq!(stride, 12);
+            let mut v = [0.0f32; 4];
+            crate::backend::cpu::vec::f16_to_f32_slice(&rows[stride..stride + 8], &mut v);
+            // the second cell left is position 2: its K row's first four values
+            assert_eq!(v, [20.0, 21.0, 22.0, 23.0]);
+        }
+        assert_eq!(kv.seq(1).unwrap().pos, vec![0, 2]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod attention;
 mod dump;
 mod gpu;
 mod kv;
+mod mla;
 mod model;
 mod moe;
 pub mod tier;

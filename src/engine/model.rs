@@ -10,6 +10,7 @@ use super::arch::{Act, ArchSpec, Hparams, Presence, RopeKind, Yarn};
 use super::attention::{attend, AttnMode, AttnShape};
 use super::dump;
 use super::kv::{KvCache, SeqCells, UpstreamLayout};
+use super::mla::{Mla, MlaBufs};
 use super::tier::heat::Heat;
 use super::weights::{Loader, Tensor};
 use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
@@ -76,18 +77,33 @@ pub struct ExpertBias {
     pub down: Vec<f32>,
 }
 
-pub(super) struct Layer {
-    pub attn_norm: Vec<f32>,
+/// Grouped-query attention's projections: Q, K and V each from the normed input, with the
+/// optional biases and per-head norms some families add.
+pub(super) struct Gqa {
     pub wq: Tensor,
     pub wk: Tensor,
     pub wv: Tensor,
-    pub wo: Tensor,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
-    pub bo: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+}
+
+/// How a layer makes the queries, keys and values its attention runs on.
+// one per layer: boxing the larger variant would save nothing worth an indirection
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Attn {
+    Gqa(Gqa),
+    /// DeepSeek-V2's latent attention.
+    Mla(Mla),
+}
+
+pub(super) struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub attn: Attn,
+    pub wo: Tensor,
+    pub bo: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
@@ -137,6 +153,9 @@ struct Buffers {
     ffn: Vec<f32>,
     act: Activations,
     pairs: super::moe::PairBufs,
+    mla: MlaBufs,
+    /// The attention's output decompressed (latent attention's absorbed form).
+    attn_out: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -212,18 +231,27 @@ impl Weights {
                     Ok(None)
                 }
             };
+            let (attn, head_out) = if spec.latent_attn {
+                let mla = Mla::load(ld, hp, il)?;
+                (Attn::Mla(mla), hp.mla.head_v)
+            } else {
+                let gqa = Gqa {
+                    wq: ld.matrix(&t("attn_q.weight"), &[n_embd, nq])?,
+                    wk: ld.matrix(&t("attn_k.weight"), &[n_embd, nkv])?,
+                    wv: ld.matrix(&t("attn_v.weight"), &[n_embd, nv])?,
+                    bq: opt_norm("attn_q.bias", nq)?,
+                    bk: opt_norm("attn_k.bias", nkv)?,
+                    bv: opt_norm("attn_v.bias", nv)?,
+                    q_norm: qk_norm("attn_q_norm.weight")?,
+                    k_norm: qk_norm("attn_k_norm.weight")?,
+                };
+                (Attn::Gqa(gqa), hv)
+            };
             layers.push(Layer {
                 attn_norm: norm("attn_norm.weight")?,
-                wq: ld.matrix(&t("attn_q.weight"), &[n_embd, nq])?,
-                wk: ld.matrix(&t("attn_k.weight"), &[n_embd, nkv])?,
-                wv: ld.matrix(&t("attn_v.weight"), &[n_embd, nv])?,
-                wo: ld.matrix(&t("attn_output.weight"), &[hp.n_head * hv, n_embd])?,
-                bq: opt_norm("attn_q.bias", nq)?,
-                bk: opt_norm("attn_k.bias", nkv)?,
-                bv: opt_norm("attn_v.bias", nv)?,
+                attn,
+                wo: ld.matrix(&t("attn_output.weight"), &[hp.n_head * head_out, n_embd])?,
                 bo: opt_norm("attn_output.bias", n_embd)?,
-                q_norm: qk_norm("attn_q_norm.weight")?,
-                k_norm: qk_norm("attn_k_norm.weight")?,
                 post_attn_norm: post("post_attention_norm.weight")?,
                 ffn_norm: norm(&format!("{}.weight", spec.ffn_norm))?,
                 ffn,
@@ -262,15 +290,25 @@ impl Model {
         let w = Weights::load(spec, &hp, ld)?;
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
         let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
+        // latent attention's absorbed form caches keys only; its values are the first
+        // `kv_lora_rank` of each key, so they take the key type (`-ctv` does not apply)
+        let type_v = if hp.mla.absorbed {
+            params.type_k
+        } else {
+            params.type_v
+        };
         let mut kv = KvCache::new(
             params.type_k,
-            params.type_v,
+            type_v,
             nkv,
             nv,
             hp.n_layer,
             params.n_ctx_seq,
             params.n_seq_max,
         )?;
+        if hp.mla.absorbed {
+            kv.set_v_in_k();
+        }
         kv.set_layout(UpstreamLayout {
             kv_unified: params.kv_unified,
             swa_full: params.swa_full,
@@ -340,7 +378,7 @@ impl Model {
         let hp = &self.hp;
         let n_embd = hp.n_embd;
         let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
-        let (nq, nkv, nv) = (hp.n_head * hk, hp.n_head_kv * hk, hp.n_head_kv * hv);
+        let (nkv, nv) = (hp.n_head_kv * hk, hp.n_head_kv * hv);
         let seqs = &batch.seq[r.clone()];
         let pos = &batch.pos[r.clone()];
         let mut cells = Vec::with_capacity(n);
@@ -378,60 +416,37 @@ impl Model {
         for (il, layer) in self.w.layers.iter().enumerate() {
             rms_norm_rows(&b.x, &layer.attn_norm, hp.eps, n_embd, &mut b.cur);
             dump::put("attn_norm", Some(il), &b.cur, n_embd);
-            b.q.resize(n * nq, 0.0);
-            b.k.resize(n * nkv, 0.0);
-            b.v.resize(n * nv, 0.0);
-            matmul(
-                pool,
-                &layer.wq.product_mat(),
-                &b.cur,
-                n,
-                &mut b.q,
-                &mut b.act,
-            );
-            matmul(
-                pool,
-                &layer.wk.product_mat(),
-                &b.cur,
-                n,
-                &mut b.k,
-                &mut b.act,
-            );
-            matmul(
-                pool,
-                &layer.wv.product_mat(),
-                &b.cur,
-                n,
-                &mut b.v,
-                &mut b.act,
-            );
-            add_bias(&mut b.q, layer.bq.as_deref());
-            add_bias(&mut b.k, layer.bk.as_deref());
-            add_bias(&mut b.v, layer.bv.as_deref());
-            if let Some(w) = &layer.q_norm {
-                rms_norm_in_place(&mut b.q, w, hp.eps, hk);
-            }
-            if let Some(w) = &layer.k_norm {
-                rms_norm_in_place(&mut b.k, w, hp.eps, hk);
-            }
-            dump::put("Qcur_normed", Some(il), &b.q, hk);
-            dump::put("Kcur_normed", Some(il), &b.k, hk);
-            let kind = self.spec.rope;
-            let qk_rows = b.q.chunks_exact_mut(nq).zip(b.k.chunks_exact_mut(nkv));
-            for ((qr, kr), &p) in qk_rows.zip(pos) {
-                let cache = rope_cache(p, hp.n_rot, layer.rope_base, layer.rope_scale, &hp.yarn);
-                for h in qr.chunks_exact_mut(hk).chain(kr.chunks_exact_mut(hk)) {
-                    rope(h, &cache, kind);
+            let kq_scale = match &layer.attn {
+                Attn::Gqa(a) => {
+                    gqa_project(
+                        pool,
+                        (self.spec, hp, layer, il),
+                        a,
+                        &b.cur,
+                        pos,
+                        [&mut b.q, &mut b.k, &mut b.v],
+                        &mut b.act,
+                    );
+                    if self.spec.scale_q {
+                        b.q.iter_mut().for_each(|v| *v *= q_scale);
+                        1.0
+                    } else {
+                        q_scale
+                    }
                 }
-            }
-            dump::put("Qcur", Some(il), &b.q, hk);
-            dump::put("Kcur", Some(il), &b.k, hk);
-            dump::put("Vcur", Some(il), &b.v, hv);
-            let kq_scale = if self.spec.scale_q {
-                b.q.iter_mut().for_each(|v| *v *= q_scale);
-                1.0
-            } else {
-                q_scale
+                Attn::Mla(m) => {
+                    m.project(
+                        pool,
+                        hp,
+                        (il, layer.rope_base, layer.rope_scale),
+                        &b.cur,
+                        pos,
+                        [&mut b.q, &mut b.k, &mut b.v],
+                        &mut b.mla,
+                        &mut b.act,
+                    );
+                    hp.mla.kq_scale
+                }
             };
             for i in 0..n {
                 self.kv.store(
@@ -460,12 +475,19 @@ impl Model {
                 },
             };
             attend(pool, &self.kv, il, &shape, seqs, pos, &b.q, &mut b.attn);
-            dump::put("kqv_out", Some(il), &b.attn, hp.n_head * hv);
+            let attn_out = match &layer.attn {
+                Attn::Mla(m) => {
+                    m.decompress(pool, hp, &b.attn, &mut b.attn_out, &mut b.mla, &mut b.act)
+                }
+                Attn::Gqa(_) => None,
+            }
+            .unwrap_or(&b.attn);
+            dump::put("kqv_out", Some(il), attn_out, attn_out.len() / n.max(1));
             b.o.resize(n * n_embd, 0.0);
             matmul(
                 pool,
                 &layer.wo.product_mat(),
-                &b.attn,
+                attn_out,
                 n,
                 &mut b.o,
                 &mut b.act,
@@ -660,6 +682,49 @@ impl Forward for Model {
     fn route_counts(&self) -> Option<&Heat> {
         self.routes.as_ref()
     }
+}
+
+/// Grouped-query attention's queries, keys and values of the `n` normed rows `cur` at `pos`:
+/// products, biases, per-head norms, then RoPE on both Q and K.
+fn gqa_project(
+    pool: &ThreadPool,
+    (spec, hp, layer, il): (&ArchSpec, &Hparams, &Layer, usize),
+    a: &Gqa,
+    cur: &[f32],
+    pos: &[u32],
+    [q, k, v]: [&mut Vec<f32>; 3],
+    act: &mut Activations,
+) {
+    let n = pos.len();
+    let (hk, hv) = (hp.head_dim_k, hp.head_dim_v);
+    let (nq, nkv, nv) = (hp.n_head * hk, hp.n_head_kv * hk, hp.n_head_kv * hv);
+    q.resize(n * nq, 0.0);
+    k.resize(n * nkv, 0.0);
+    v.resize(n * nv, 0.0);
+    matmul(pool, &a.wq.product_mat(), cur, n, q, act);
+    matmul(pool, &a.wk.product_mat(), cur, n, k, act);
+    matmul(pool, &a.wv.product_mat(), cur, n, v, act);
+    add_bias(q, a.bq.as_deref());
+    add_bias(k, a.bk.as_deref());
+    add_bias(v, a.bv.as_deref());
+    if let Some(w) = &a.q_norm {
+        rms_norm_in_place(q, w, hp.eps, hk);
+    }
+    if let Some(w) = &a.k_norm {
+        rms_norm_in_place(k, w, hp.eps, hk);
+    }
+    dump::put("Qcur_normed", Some(il), q, hk);
+    dump::put("Kcur_normed", Some(il), k, hk);
+    let qk_rows = q.chunks_exact_mut(nq).zip(k.chunks_exact_mut(nkv));
+    for ((qr, kr), &p) in qk_rows.zip(pos) {
+        let cache = rope_cache(p, hp.n_rot, layer.rope_base, layer.rope_scale, &hp.yarn);
+        for h in qr.chunks_exact_mut(hk).chain(kr.chunks_exact_mut(hk)) {
+            rope(h, &cache, spec.rope);
+        }
+    }
+    dump::put("Qcur", Some(il), q, hk);
+    dump::put("Kcur", Some(il), k, hk);
+    dump::put("Vcur", Some(il), v, hv);
 }
 
 /// ggml's `rms_norm`: the mean of squares summed in f64, then `x * scale * w` in f32.
@@ -892,7 +957,7 @@ mod tests {
             4,
             10000.0,
             1.0,
-            &Yarn::derive(false, 1.0, 1.0, 4096, &Default::default()),
+            &Yarn::derive(false, 1.0, 1.0, 4096, &Default::default(), (0.0, false)),
         );
         let mut a = [1.0, 0.0, 1.0, 0.0];
         rope(&mut a, &cache, RopeKind::Norm);

@@ -260,6 +260,9 @@ pub struct Routing {
     /// Renormalize the chosen weights to sum to 1.
     pub norm: bool,
     pub scale: f32,
+    /// `(groups, used)`: experts in `groups` equal groups, each token choosing among the `used`
+    /// groups whose two best selection scores sum highest (0 or 1 group: no limit).
+    pub groups: (usize, usize),
 }
 
 impl Routing {
@@ -269,7 +272,35 @@ impl Routing {
             gating: hp.gating,
             norm: hp.expert_norm,
             scale: hp.expert_scale,
+            groups: (hp.n_expert_groups, hp.n_group_used),
         }
+    }
+}
+
+/// DeepSeek-V3's group limit on the selection scores `select`: each group scored by the sum of
+/// its two best (ggml sums rows in double), the best `used` groups kept and every other expert's
+/// score set to minus infinity.
+fn limit_groups(select: &mut [f32], (groups, used): (usize, usize)) {
+    if groups <= 1 {
+        return;
+    }
+    let per = select.len() / groups;
+    let score = |g: &[f32]| {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &x in g {
+            if x > a {
+                (a, b) = (x, a);
+            } else if x > b {
+                b = x;
+            }
+        }
+        (0.0f64 + a as f64 + b as f64) as f32
+    };
+    let scores: Vec<f32> = select.chunks_exact(per).map(score).collect();
+    let mut order: Vec<usize> = (0..groups).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    for &g in &order[used..] {
+        select[g * per..(g + 1) * per].fill(f32::NEG_INFINITY);
     }
 }
 
@@ -297,10 +328,11 @@ pub fn route(logits: &[f32], probs_b: Option<&[f32]>, r: &Routing) -> Vec<(usize
         Gating::Sigmoid => logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect(),
         Gating::SoftmaxWeight => logits.to_vec(),
     };
-    let select: Vec<f32> = match probs_b {
+    let mut select: Vec<f32> = match probs_b {
         Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
         None => probs.clone(),
     };
+    limit_groups(&mut select, r.groups);
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
     let mut chosen: Vec<(usize, f32)> = order[..r.k].iter().map(|&e| (e, probs[e])).collect();
@@ -584,7 +616,35 @@ mod tests {
             gating,
             norm,
             scale,
+            groups: (0, 0),
         }
+    }
+
+    /// DeepSeek-V3's group limit: groups ranked by their two best scores (not their best one,
+    /// nor their sum), the others' experts out of reach however high they score alone.
+    #[test]
+    fn group_limited_routing() {
+        let mut r = routing(2, Gating::SoftmaxWeight, false, 1.0);
+        r.groups = (3, 1);
+        // group 0: one high score (9, 0); group 1: two good ones (5, 5); group 2: (1, 1)
+        let logits = [9.0, 0.0, 5.0, 5.0, 1.0, 1.0];
+        let chosen: Vec<usize> = route(&logits, None, &r).iter().map(|c| c.0).collect();
+        assert_eq!(chosen, vec![2, 3]);
+        r.groups = (3, 2);
+        let chosen: Vec<usize> = route(&logits, None, &r).iter().map(|c| c.0).collect();
+        assert_eq!(chosen, vec![0, 2]);
+        // the selection bias counts in the group scores
+        r.groups = (3, 1);
+        let bias = [0.0, 0.0, 0.0, 0.0, 6.0, 6.0];
+        let chosen: Vec<usize> = route(&logits, Some(&bias), &r)
+            .iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(chosen, vec![4, 5]);
+        // without groups the best two overall
+        r.groups = (0, 0);
+        let chosen: Vec<usize> = route(&logits, None, &r).iter().map(|c| c.0).collect();
+        assert_eq!(chosen, vec![0, 2]);
     }
 
     #[test]

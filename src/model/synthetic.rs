@@ -48,6 +48,18 @@ pub struct Preset {
     pub yarn: Option<(f32, u32)>,
     /// `expert_weights_scale`, written when non-zero (GLM-4.5: 2.5, -Air: 1.0).
     pub expert_scale: f32,
+    /// `expert_gating_func` (0: not written, the family's default; 1 softmax, 2 sigmoid) and
+    /// `expert_weights_norm`; sigmoid gating comes with a selection bias (`exp_probs_b`).
+    pub gating: u32,
+    pub expert_norm: bool,
+    /// Group-limited routing: `(expert_group_count, expert_group_used_count)`, (0, 0) for none.
+    pub expert_groups: (u32, u32),
+    /// Latent attention in the absorbed form llama.cpp's converter writes today (`attn_k_b`,
+    /// `attn_v_b`, one cached key head); `false` writes the older `attn_kv_b`.
+    pub mla_absorbed: bool,
+    /// `rope.scaling.yarn_log_multiplier` (DeepSeek: 0.1 x `mscale_all_dim`), written when
+    /// non-zero.
+    pub yarn_log_mul: f32,
 }
 
 const fn dense(
@@ -82,6 +94,11 @@ const fn dense(
         value_dim: heads.2,
         yarn: None,
         expert_scale: 0.0,
+        gating: 0,
+        expert_norm: false,
+        expert_groups: (0, 0),
+        mla_absorbed: false,
+        yarn_log_mul: 0.0,
     }
 }
 
@@ -105,9 +122,11 @@ pub const PRESETS: &[Preset] = &[
         sliding_window: 512,
         ..dense("gemma-3-270m", "gemma3", 18, 640, 2048, (4, 1, 256))
     },
+    // DeepSeek-V3's design at a small size: low-rank queries, the absorbed latent attention,
+    // sigmoid gating with a selection bias, expert groups, YaRN with its log multiplier
     Preset {
-        n_expert: 8,
-        n_expert_used: 2,
+        n_expert: 16,
+        n_expert_used: 4,
         n_ff_exp: 256,
         n_expert_shared: 1,
         n_leading_dense: 1,
@@ -115,7 +134,30 @@ pub const PRESETS: &[Preset] = &[
         kv_lora_rank: 128,
         rope_dim: 32,
         value_dim: 64,
-        ..dense("tiny-deepseek2", "deepseek2", 2, 256, 512, (4, 4, 96))
+        n_ctx: 163840,
+        yarn: Some((40.0, 4096)),
+        yarn_log_mul: 0.1,
+        expert_scale: 2.5,
+        gating: 2,
+        expert_norm: true,
+        expert_groups: (4, 2),
+        mla_absorbed: true,
+        ..dense("tiny-deepseek2", "deepseek2", 2, 256, 512, (4, 1, 96))
+    },
+    // DeepSeek-V2's design as older files store it: `attn_kv_b` (keys and values decompressed
+    // before the cache), softmax gating (llama.cpp wants a query rank unless the layer count is
+    // a Lite model's)
+    Preset {
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_expert_shared: 2,
+        n_leading_dense: 1,
+        q_lora_rank: 128,
+        kv_lora_rank: 128,
+        rope_dim: 32,
+        value_dim: 64,
+        ..dense("tiny-deepseek2-kvb", "deepseek2", 2, 256, 512, (4, 4, 96))
     },
     Preset {
         n_expert: 64,
@@ -127,6 +169,8 @@ pub const PRESETS: &[Preset] = &[
         rope_dim: 64,
         value_dim: 128,
         n_ctx: 163840,
+        n_head_kv: 1,
+        mla_absorbed: true,
         ..dense(
             "deepseek-v2-lite",
             "deepseek2",
@@ -144,6 +188,8 @@ pub const PRESETS: &[Preset] = &[
         n_leading_dense: 1,
         rope_dim: 32,
         expert_scale: 2.5,
+        gating: 2,
+        expert_norm: true,
         ..dense("tiny-glm4moe", "glm4moe", 2, 256, 512, (4, 2, 64))
     },
     Preset {
@@ -157,6 +203,8 @@ pub const PRESETS: &[Preset] = &[
         rope_freq_base: 1e6,
         rms_eps: 1e-5,
         expert_scale: 1.0,
+        gating: 2,
+        expert_norm: true,
         ..dense("glm-4.5-air", "glm4moe", 46, 4096, 10944, (96, 8, 128))
     },
     Preset {
@@ -493,12 +541,19 @@ fn mla_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
         l.add(b("attn_q"), mix.weights, &[e, h * k_dim]);
     }
     l.add(b("attn_kv_a_norm"), f32t, &[kv_rank]);
-    l.add(b("attn_kv_a_mqa"), mix.weights, &[e, kv_rank + rope]);
-    l.add(
-        b("attn_kv_b"),
-        mix.weights,
-        &[kv_rank, h * (k_dim - rope + v_dim)],
-    );
+    // llama-quantize leaves these three as the converter wrote them (f16 here)
+    let f16t = GgmlType::F16;
+    l.add(b("attn_kv_a_mqa"), f16t, &[e, kv_rank + rope]);
+    if p.mla_absorbed {
+        l.add(b("attn_k_b"), f16t, &[k_dim - rope, kv_rank, h]);
+        l.add(b("attn_v_b"), f16t, &[kv_rank, v_dim, h]);
+    } else {
+        l.add(
+            b("attn_kv_b"),
+            mix.weights,
+            &[kv_rank, h * (k_dim - rope + v_dim)],
+        );
+    }
     l.add(b("attn_output"), mix.weights, &[h * v_dim, e]);
     l.add(b("ffn_norm"), f32t, &[e]);
     let (f, fx, x) = (p.n_ff as u64, p.n_ff_exp as u64, p.n_expert as u64);
@@ -508,6 +563,9 @@ fn mla_layer(l: &mut Layout, p: &Preset, i: u32, mix: QuantMix) {
     }
     let shared = fx * p.n_expert_shared as u64;
     l.add(b("ffn_gate_inp"), f32t, &[e, x]);
+    if p.gating == 2 {
+        l.add(format!("blk.{i}.exp_probs_b.bias"), f32t, &[x]);
+    }
     l.experts(i, mix.experts, e, fx, x);
     l.gated_ffn(i, "_shexp", mix.weights, e, shared);
 }
@@ -567,8 +625,20 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     w.set(&k("feed_forward_length"), MetaValue::U32(p.n_ff));
     w.set(&k("attention.head_count"), MetaValue::U32(p.n_head));
     w.set(&k("attention.head_count_kv"), MetaValue::U32(p.n_head_kv));
-    w.set(&k("attention.key_length"), MetaValue::U32(p.head_dim));
-    w.set(&k("attention.value_length"), MetaValue::U32(p.value_dim));
+    if p.mla_absorbed {
+        // the cache's one latent head, and the per-head widths before absorption
+        let (rank, rope) = (p.kv_lora_rank, p.rope_dim);
+        w.set(&k("attention.key_length"), MetaValue::U32(rank + rope));
+        w.set(&k("attention.value_length"), MetaValue::U32(rank));
+        w.set(&k("attention.key_length_mla"), MetaValue::U32(p.head_dim));
+        w.set(
+            &k("attention.value_length_mla"),
+            MetaValue::U32(p.value_dim),
+        );
+    } else {
+        w.set(&k("attention.key_length"), MetaValue::U32(p.head_dim));
+        w.set(&k("attention.value_length"), MetaValue::U32(p.value_dim));
+    }
     w.set(
         &k("attention.layer_norm_rms_epsilon"),
         MetaValue::F32(p.rms_eps),
@@ -594,10 +664,24 @@ pub fn write_synthetic(opts: &SyntheticOptions, out: &Path) -> Result<(), ModelE
     if p.expert_scale != 0.0 {
         w.set(&k("expert_weights_scale"), MetaValue::F32(p.expert_scale));
     }
-    if p.arch == "glm4moe" {
-        // as GLM-4.5's converter writes them: sigmoid gating, normalized weights
-        w.set(&k("expert_gating_func"), MetaValue::U32(2));
+    if p.gating != 0 {
+        w.set(&k("expert_gating_func"), MetaValue::U32(p.gating));
+    }
+    if p.expert_norm {
         w.set(&k("expert_weights_norm"), MetaValue::Bool(true));
+    }
+    if p.expert_groups.0 > 0 {
+        w.set(&k("expert_group_count"), MetaValue::U32(p.expert_groups.0));
+        w.set(
+            &k("expert_group_used_count"),
+            MetaValue::U32(p.expert_groups.1),
+        );
+    }
+    if p.yarn_log_mul != 0.0 {
+        w.set(
+            &k("rope.scaling.yarn_log_multiplier"),
+            MetaValue::F32(p.yarn_log_mul),
+        );
     }
     if p.kv_lora_rank > 0 {
         w.set(&k("attention.kv_lora_rank"), MetaValue::U32(p.kv_lora_rank));
