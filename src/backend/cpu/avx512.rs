@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{
     e8m0_scales, f16_scales, hsum, hsum_epi32, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family,
-    q8_0_family4, q8_0_family_tile, q8_0_kernels, q8_0_qs, rd_f16, rd_f16_pair, rd_f32, KFloat,
+    q8_0_family4, q8_0_family_strip, q8_0_kernels, q8_0_qs, rd_f16, rd_f16_pair, rd_f32, KFloat,
 };
 use super::quant::{Q8_K_BYTES, QK_K};
 

@@ -14,9 +14,9 @@ pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 /// One weight row against four activation rows; each result equals the [`DotFn`] of the same
 /// type on that row bit for bit.
 pub type DotFn4 = fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
-/// Four weight rows against four activation rows: `out[r][t]`, each equal to the one-row
+/// Four weight rows against activation rows in fours: `out[t][r]`, each equal to the one-row
 /// kernel's product of row `r` and activation row `t`.
-pub type DotTile = fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
+pub type DotTile = fn(usize, [&[u8]; 4], &[&[u8]], &mut [[f32; 4]]);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -208,17 +208,17 @@ fn kernel_tile_for(isa: Isa, w: GgmlType) -> Option<DotTile> {
     match isa {
         Isa::Scalar => None,
         Isa::Avx2 => Some(match w {
-            Q4_0 => |n, w, a| unsafe { avx2::q4_0_q8_0_4x4(n, w, a) },
-            Q5_0 => |n, w, a| unsafe { avx2::q5_0_q8_0_4x4(n, w, a) },
-            Q8_0 => |n, w, a| unsafe { avx2::q8_0_q8_0_4x4(n, w, a) },
-            Mxfp4 => |n, w, a| unsafe { avx2::mxfp4_q8_0_4x4(n, w, a) },
+            Q4_0 => |n, w, a, o| unsafe { avx2::q4_0_q8_0_strip(n, w, a, o) },
+            Q5_0 => |n, w, a, o| unsafe { avx2::q5_0_q8_0_strip(n, w, a, o) },
+            Q8_0 => |n, w, a, o| unsafe { avx2::q8_0_q8_0_strip(n, w, a, o) },
+            Mxfp4 => |n, w, a, o| unsafe { avx2::mxfp4_q8_0_strip(n, w, a, o) },
             _ => return None,
         }),
         Isa::Avx512Vnni => Some(match w {
-            Q4_0 => |n, w, a| unsafe { avx512::q4_0_q8_0_4x4(n, w, a) },
-            Q5_0 => |n, w, a| unsafe { avx512::q5_0_q8_0_4x4(n, w, a) },
-            Q8_0 => |n, w, a| unsafe { avx512::q8_0_q8_0_4x4(n, w, a) },
-            Mxfp4 => |n, w, a| unsafe { avx512::mxfp4_q8_0_4x4(n, w, a) },
+            Q4_0 => |n, w, a, o| unsafe { avx512::q4_0_q8_0_strip(n, w, a, o) },
+            Q5_0 => |n, w, a, o| unsafe { avx512::q5_0_q8_0_strip(n, w, a, o) },
+            Q8_0 => |n, w, a, o| unsafe { avx512::q8_0_q8_0_strip(n, w, a, o) },
+            Mxfp4 => |n, w, a, o| unsafe { avx512::mxfp4_q8_0_strip(n, w, a, o) },
             _ => return None,
         }),
     }
@@ -593,17 +593,20 @@ mod tests {
             // 40 blocks: five scale groups of eight, the last one partial
             for n in [1280, 256] {
                 let ws: Vec<Vec<u8>> = (0..4).map(|_| random_weights(ty, n, &mut rng)).collect();
-                let acts = random_acts(ty, n, 4, 2.0, &mut rng);
+                // three strips of four tokens
+                let acts = random_acts(ty, n, 12, 2.0, &mut rng);
                 for level in simd_levels() {
                     let tile = kernel_tile_for(level, ty).unwrap();
                     let one = kernel_for(level, ty).unwrap();
                     let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
-                    let got = tile(n, w4, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                    let a: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+                    let mut got = vec![[f32::NAN; 4]; a.len()];
+                    tile(n, w4, &a, &mut got);
                     for (r, w) in ws.iter().enumerate() {
                         for (t, a) in acts.iter().enumerate() {
                             let want = one(n, w, a);
                             assert_eq!(
-                                got[r][t].to_bits(),
+                                got[t][r].to_bits(),
                                 want.to_bits(),
                                 "{ty} {level:?} n={n} row {r} token {t}"
                             );
@@ -652,12 +655,16 @@ mod tests {
                     line += &format!(", four {:.2}", t.elapsed().as_nanos() as f64 / per);
                 }
                 if let Some(tile) = kernel_tile_for(level, ty) {
+                    // a strip of 16 tokens (four copies of the four rows), as prompts run it
+                    let a16: Vec<&[u8]> = (0..16).map(|t| a4[t % 4]).collect();
+                    let mut out = vec![[0f32; 4]; 16];
                     let t = std::time::Instant::now();
-                    for r in 0..reps {
+                    for r in 0..reps / 4 {
                         let w = &ws[(r % 2) * 4..(r % 2) * 4 + 4];
-                        sink += tile(n, [&w[0][..], &w[1], &w[2], &w[3]], a4)[0][0];
+                        tile(n, [&w[0][..], &w[1], &w[2], &w[3]], &a16, &mut out);
+                        sink += out[0][0];
                     }
-                    line += &format!(", tile {:.2}", t.elapsed().as_nanos() as f64 / per);
+                    line += &format!(", strip {:.2}", t.elapsed().as_nanos() as f64 / per);
                 }
                 println!("{line} ns per 256 weights per token ({sink:.1})");
             }

@@ -493,15 +493,14 @@ unsafe fn tile_loop(
             // the tiled part: whole groups of four rows and four tokens
             let (mut rt, tt) = (rb, tb + (te - tb) / 4 * 4);
             if let Some(tile) = tile.filter(|_| tt > tb) {
+                let acts: Vec<&[u8]> = (tb..tt).map(|t| act.row(t)).collect();
+                let mut sums = vec![[0f32; 4]; acts.len()];
                 while rt + 4 <= re {
                     let rows = [w.row(rt), w.row(rt + 1), w.row(rt + 2), w.row(rt + 3)];
-                    for t in (tb..tt).step_by(4) {
-                        let a = [act.row(t), act.row(t + 1), act.row(t + 2), act.row(t + 3)];
-                        for (r, sums) in tile(w.cols, rows, a).iter().enumerate() {
-                            for (q, &v) in sums.iter().enumerate() {
-                                *out.get().add((t + q) * w.rows + rt + r) = v;
-                            }
-                        }
+                    tile(w.cols, rows, &acts, &mut sums);
+                    for (q, v) in sums.iter().enumerate() {
+                        let o = out.get().add((tb + q) * w.rows + rt);
+                        std::ptr::copy_nonoverlapping(v.as_ptr(), o, 4);
                     }
                     // this group's leftover tokens
                     for r in rt..rt + 4 {
