@@ -484,6 +484,9 @@ unsafe fn tile_loop(
     out: SyncPtr<f32>,
 ) {
     let n = act.n;
+    // a token tile's activation rows and one strip's results, reused by every tile
+    let mut acts: Vec<&[u8]> = Vec::with_capacity(TOKEN_TILE);
+    let mut sums = [[0f32; 4]; TOKEN_TILE];
     let mut rb = r0;
     while rb < r1 {
         let re = (rb + ROW_TILE).min(r1);
@@ -493,11 +496,12 @@ unsafe fn tile_loop(
             // the tiled part: whole groups of four rows and four tokens
             let (mut rt, tt) = (rb, tb + (te - tb) / 4 * 4);
             if let Some(tile) = tile.filter(|_| tt > tb) {
-                let acts: Vec<&[u8]> = (tb..tt).map(|t| act.row(t)).collect();
-                let mut sums = vec![[0f32; 4]; acts.len()];
+                acts.clear();
+                acts.extend((tb..tt).map(|t| act.row(t)));
+                let sums = &mut sums[..acts.len()];
                 while rt + 4 <= re {
                     let rows = [w.row(rt), w.row(rt + 1), w.row(rt + 2), w.row(rt + 3)];
-                    tile(w.cols, rows, &acts, &mut sums);
+                    tile(w.cols, rows, &acts, sums);
                     for (q, v) in sums.iter().enumerate() {
                         let o = out.get().add((tb + q) * w.rows + rt);
                         std::ptr::copy_nonoverlapping(v.as_ptr(), o, 4);

@@ -53,6 +53,16 @@ pub fn quantize_act(ty: GgmlType, x: &[f32], out: &mut [u8]) {
 /// quantizer (`model::quants::quantize_q8_0`) divides by the scale and rounds half away from zero,
 /// which gives different quants for some inputs.
 pub fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::dot::isa() != super::dot::Isa::Scalar {
+        // SAFETY: the AVX2 level was detected.
+        return unsafe { quantize_q8_0_avx2(x, out) };
+    }
+    quantize_q8_0_scalar(x, out);
+}
+
+/// [`quantize_q8_0`] one value at a time.
+fn quantize_q8_0_scalar(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK8_0).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -61,6 +71,42 @@ pub fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
         for (o, v) in ob[2..].iter_mut().zip(xb) {
             *o = rint(v * id) as i32 as i8 as u8;
         }
+    }
+}
+
+/// [`quantize_q8_0`] a block at a time in four vectors: the same maximum, scale, products and
+/// nearest-even rounding.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for (xb, ob) in x.chunks_exact(QK8_0).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+            _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+        );
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        ob[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let s = _mm256_set1_ps(id);
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let r = _mm256_round_ps(
+                _mm256_mul_ps(v[i], s),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+            );
+            _mm256_cvtps_epi32(r)
+        });
+        // 32 i32 to 32 bytes in order (the packs interleave 128-bit lanes; the permute undoes it)
+        let p16a = _mm256_packs_epi32(q[0], q[1]);
+        let p16b = _mm256_packs_epi32(q[2], q[3]);
+        let p8 = _mm256_packs_epi16(p16a, p16b);
+        let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(ob.as_mut_ptr().add(2) as *mut __m256i, ordered);
     }
 }
 
@@ -77,29 +123,68 @@ fn rint(x: f32) -> f32 {
 /// ggml's `quantize_row_q8_K` (on x86 the reference one), written into `out`: the same bytes as
 /// `model::quants::quantize_q8_k` without its allocations.
 pub fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::dot::isa() != super::dot::Isa::Scalar {
+        // SAFETY: the AVX2 level was detected.
+        return unsafe { quantize_q8_k_avx2(x, out) };
+    }
+    quantize_q8_k_with(x, out, q8_k_quants);
+}
+
+/// One Q8_K block's quants, one at a time.
+fn q8_k_quants(iscale: f32, blk: &[f32], qs: &mut [u8]) {
+    for (q, &v) in qs.iter_mut().zip(blk) {
+        *q = (rint(iscale * v) as i32).min(127) as i8 as u8;
+    }
+}
+
+/// [`quantize_q8_k`]'s blocks: the value of largest magnitude (the first of equals) sets the
+/// scale, `quants(iscale, block, qs)` writes the 256 quants, then the sums of sixteen.
+#[inline(always)]
+fn quantize_q8_k_with(x: &[f32], out: &mut [u8], quants: impl Fn(f32, &[f32], &mut [u8])) {
     for (blk, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
-        let (mut amax, mut max) = (0.0f32, 0.0f32);
-        for &v in blk {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        // the largest magnitude in one branch-free pass, then the first value that has it
+        let amax = blk
+            .iter()
+            .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
         if amax == 0.0 {
             ob.fill(0);
             continue;
         }
+        let max = *blk.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
         let iscale = -127.0 / max;
         ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
         let (qs, sums) = ob[4..].split_at_mut(QK_K);
-        for (q, &v) in qs.iter_mut().zip(blk) {
-            *q = (rint(iscale * v) as i32).min(127) as i8 as u8;
-        }
+        quants(iscale, blk, qs);
         for (g, s) in qs.chunks_exact(16).zip(sums.chunks_exact_mut(2)) {
             let sum: i32 = g.iter().map(|&q| q as i8 as i32).sum();
             s.copy_from_slice(&(sum as i16).to_le_bytes());
         }
     }
+}
+
+/// [`quantize_q8_k`] with the quants eight at a time: the same products, nearest-even rounding
+/// (as [`rint`]) and clamp.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_k_avx2(x: &[f32], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    quantize_q8_k_with(x, out, |iscale, blk, qs| {
+        // SAFETY (all): `blk` holds 256 floats and `qs` 256 bytes, read and written in eights.
+        unsafe {
+            let s = _mm256_set1_ps(iscale);
+            let hi = _mm256_set1_epi32(127);
+            for (v8, q8) in blk.chunks_exact(8).zip(qs.chunks_exact_mut(8)) {
+                let v = _mm256_mul_ps(s, _mm256_loadu_ps(v8.as_ptr()));
+                let r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                let i = _mm256_min_epi32(_mm256_cvtps_epi32(r), hi);
+                // eight i32 in [-128, 127] to eight bytes
+                let p = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+                let b = _mm_packs_epi16(p, p);
+                _mm_storel_epi64(q8.as_mut_ptr() as *mut __m128i, b);
+            }
+        }
+    });
 }
 
 /// The 6-bit scale and minimum `j` (0..8) of a Q4_K/Q5_K block's packed 12 scale bytes.
@@ -177,6 +262,51 @@ pub fn quantize_kv_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every level's Q8_K quantizer writes ggml's reference bytes: random blocks, a zero block,
+    /// ties at .5 steps, and the largest magnitude twice with opposite signs (the first sets the
+    /// scale's sign).
+    #[test]
+    fn q8_k_equals_the_reference() {
+        let mut x: Vec<f32> = (0..4 * QK_K)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0137)
+            .collect();
+        x[QK_K..2 * QK_K].fill(0.0);
+        for (i, v) in x[2 * QK_K..3 * QK_K].iter_mut().enumerate() {
+            *v = (i as f32 - 128.0) * 0.5;
+        }
+        x[3 * QK_K + 5] = -9.0;
+        x[3 * QK_K + 9] = 9.0;
+        let mut want = Vec::new();
+        crate::model::quants::quantize_q8_k(&x, &mut want);
+        let mut got = vec![0xaa; act_row_bytes(GgmlType::Q8K, x.len())];
+        quantize_q8_k(&x, &mut got);
+        assert_eq!(got, want);
+        let mut scalar = vec![0x55; got.len()];
+        quantize_q8_k_with(&x, &mut scalar, q8_k_quants);
+        assert_eq!(scalar, want);
+    }
+
+    /// The vector Q8_0 quantizer writes the scalar one's bytes (random blocks, a zero block,
+    /// ties at .5 steps).
+    #[test]
+    fn q8_0_vector_equals_scalar() {
+        if crate::backend::cpu::dot::isa() == crate::backend::cpu::dot::Isa::Scalar {
+            return;
+        }
+        let mut x: Vec<f32> = (0..8 * QK8_0)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0137)
+            .collect();
+        x[QK8_0..2 * QK8_0].fill(0.0);
+        for (i, v) in x[2 * QK8_0..3 * QK8_0].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 0.5 + 0.25 * (i % 3) as f32;
+        }
+        let mut want = vec![0u8; act_row_bytes(GgmlType::Q8_0, x.len())];
+        quantize_q8_0_scalar(&x, &mut want);
+        let mut got = vec![0xaa; want.len()];
+        quantize_q8_0(&x, &mut got);
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn q8_0_rounds_ties_to_even() {
