@@ -72,7 +72,7 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
 /// eight. Converting one half at a time let LLVM insert each half into whatever register was
 /// free (`vpinsrw`), the accumulator included, which chained every block's scale behind the
 /// previous block's sum: Q8_0 decode ran at half the memory's speed.
-const SCALE_GROUP: usize = 8;
+pub(super) const SCALE_GROUP: usize = 8;
 
 /// The f16 at byte 0 of each of `m` (at most 8) blocks `stride` bytes apart from `p`, as eight
 /// floats (lanes from `m` on are 0).
@@ -226,124 +226,6 @@ pub(super) unsafe fn q8_0_family4<const BLOCKS: bool>(
     }
 }
 
-thread_local! {
-    /// [`q8_0_family_strip`]'s decoded weight blocks (value, magnitude) and scales, reused.
-    static STRIP: std::cell::RefCell<(Vec<__m256i>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// [`q8_0_family`] of four weight rows against the activation rows `a` (a multiple of four) in
-/// register tiles of four rows by four tokens, sixteen accumulators: the four rows' blocks are
-/// decoded once for the whole strip of tokens and each activation block is loaded once for the
-/// four rows. `out[t][r]` equals the one-row product of row `r` and token `t` bit for bit (the
-/// same operations per pair, in the same order).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // `j` and `r` index blocks, rows and scales together
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn q8_0_family_strip<const BLOCKS: bool>(
-    n: usize,
-    w: [&[u8]; 4],
-    wb: usize,
-    a: &[&[u8]],
-    out: &mut [[f32; 4]],
-    qs: impl Fn(&[u8]) -> __m256i,
-    dw: impl Fn(*const u8, usize, usize) -> __m256,
-    mul: impl Fn(__m256i, __m256i) -> __m256i,
-) {
-    let nb = n / QK8_0;
-    assert!(w.iter().all(|w| w.len() >= nb * wb) && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
-    assert!(a.len().is_multiple_of(4) && out.len() >= a.len());
-    // each row's scales padded by a group, so a group's eight lanes can always be loaded
-    let stride = nb + SCALE_GROUP;
-    // the body stays in this function (a closure would not carry its target features)
-    // SAFETY: nothing below reaches this thread's `STRIP` again while the buffers are borrowed.
-    let (dec, dws) = &mut *STRIP.with(|c| c.as_ptr());
-    {
-        dec.clear();
-        dec.reserve(nb * 8);
-        for i in 0..nb {
-            for w in &w {
-                let x = qs(std::slice::from_raw_parts(w.as_ptr().add(i * wb), wb));
-                dec.push(x);
-                dec.push(_mm256_sign_epi8(x, x));
-            }
-        }
-        dws.clear();
-        dws.resize(4 * stride, 0.0);
-        for (r, w) in w.iter().enumerate() {
-            let mut i = 0;
-            while i < nb {
-                let m = (nb - i).min(SCALE_GROUP);
-                let v = dw(w.as_ptr().add(i * wb), wb, m);
-                _mm256_storeu_ps(dws.as_mut_ptr().add(r * stride + i), v);
-                i += m;
-            }
-        }
-        let mut ds = [[[0f32; SCALE_GROUP]; 4]; 4];
-        for (aq, oq) in a.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
-            let mut acc = [[_mm256_setzero_ps(); 4]; 4];
-            let mut acc_b = [_mm_setzero_ps(); 4];
-            let mut i = 0;
-            while i < nb {
-                let m = (nb - i).min(SCALE_GROUP);
-                let da: [__m256; 4] = std::array::from_fn(|t| {
-                    f16_scales(aq[t].as_ptr().add(i * Q8_0_BYTES), Q8_0_BYTES, m)
-                });
-                for r in 0..4 {
-                    let dwv = _mm256_loadu_ps(dws.as_ptr().add(r * stride + i));
-                    for (t, da) in da.iter().enumerate() {
-                        _mm256_storeu_ps(ds[r][t].as_mut_ptr(), _mm256_mul_ps(dwv, *da));
-                    }
-                }
-                for j in 0..m {
-                    let at = (i + j) * 8;
-                    let y: [__m256i; 4] = std::array::from_fn(|t| {
-                        _mm256_loadu_si256(
-                            aq[t].as_ptr().add((i + j) * Q8_0_BYTES + 2) as *const __m256i
-                        )
-                    });
-                    for r in 0..4 {
-                        let (x, ax) = (dec[at + 2 * r], dec[at + 2 * r + 1]);
-                        if BLOCKS {
-                            // the four tokens' integer sums in one reduction and one fused step
-                            // in four lanes (each lane's chain is the one-row kernel's)
-                            let ps: [__m256i; 4] =
-                                std::array::from_fn(|t| mul(ax, _mm256_sign_epi8(y[t], x)));
-                            let d4 =
-                                _mm_setr_ps(ds[r][0][j], ds[r][1][j], ds[r][2][j], ds[r][3][j]);
-                            acc_b[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(ps)), d4, acc_b[r]);
-                        } else {
-                            for t in 0..4 {
-                                let p = mul(ax, _mm256_sign_epi8(y[t], x));
-                                acc[r][t] = _mm256_fmadd_ps(
-                                    _mm256_set1_ps(ds[r][t][j]),
-                                    _mm256_cvtepi32_ps(p),
-                                    acc[r][t],
-                                );
-                            }
-                        }
-                    }
-                }
-                i += m;
-            }
-            for r in 0..4 {
-                if BLOCKS {
-                    let mut v = [0f32; 4];
-                    _mm_storeu_ps(v.as_mut_ptr(), acc_b[r]);
-                    for t in 0..4 {
-                        oq[t][r] = v[t];
-                    }
-                } else {
-                    for t in 0..4 {
-                        oq[t][r] = hsum(acc[r][t]);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Unsigned bytes times signed bytes, summed in pairs then quads: eight i32 lanes (no pair can
 /// saturate: magnitudes are at most 128 and activations at most 127).
 #[inline]
@@ -384,20 +266,20 @@ pub(super) unsafe fn mxfp4_qs(b: &[u8]) -> __m256i {
 
 /// The Q8_0-activation weight types' kernels at one instruction level (its target features and
 /// lane product, `madd_u8_i8` here and `dpbusd` for VNNI): one table of block bytes, quant
-/// decoder and scale reader serves the one-row, four-token and four-by-four products of both
-/// levels. The item names in the body resolve where the macro is used.
+/// decoder and scale reader serves the one-row and four-token products of both levels (the
+/// VNNI level's tiles are `avx512::q8_0_family_strip`). The item names in the body resolve where the macro is used.
 macro_rules! q8_0_kernels {
     ($feat:literal, $mul:ident) => {
         q8_0_kernels! {
             @each $feat, $mul;
             // the last field: ggml's repacked order (`q8_0_family`'s BLOCKS)
-            q8_0_q8_0, q8_0_q8_0_x4, q8_0_q8_0_strip, 34, q8_0_qs, f16_scales, false;
-            q4_0_q8_0, q4_0_q8_0_x4, q4_0_q8_0_strip, 18, q4_0_qs, f16_scales, true;
-            q5_0_q8_0, q5_0_q8_0_x4, q5_0_q8_0_strip, 22, q5_0_qs, f16_scales, false;
-            mxfp4_q8_0, mxfp4_q8_0_x4, mxfp4_q8_0_strip, 17, mxfp4_qs, e8m0_scales, true;
+            q8_0_q8_0, q8_0_q8_0_x4, 34, q8_0_qs, f16_scales, false;
+            q4_0_q8_0, q4_0_q8_0_x4, 18, q4_0_qs, f16_scales, true;
+            q5_0_q8_0, q5_0_q8_0_x4, 22, q5_0_qs, f16_scales, false;
+            mxfp4_q8_0, mxfp4_q8_0_x4, 17, mxfp4_qs, e8m0_scales, true;
         }
     };
-    (@each $feat:literal, $mul:ident; $($one:ident, $four:ident, $tile:ident, $wb:expr, $qs:ident, $dw:ident, $blocks:expr;)*) => {$(
+    (@each $feat:literal, $mul:ident; $($one:ident, $four:ident, $wb:expr, $qs:ident, $dw:ident, $blocks:expr;)*) => {$(
         #[target_feature(enable = $feat)]
         pub unsafe fn $one(n: usize, w: &[u8], a: &[u8]) -> f32 {
             q8_0_family::<$blocks>(
@@ -424,19 +306,6 @@ macro_rules! q8_0_kernels {
             )
         }
 
-        #[target_feature(enable = $feat)]
-        pub unsafe fn $tile(n: usize, w: [&[u8]; 4], a: &[&[u8]], out: &mut [[f32; 4]]) {
-            q8_0_family_strip::<$blocks>(
-                n,
-                w,
-                $wb,
-                a,
-                out,
-                |b| $qs(b),
-                |p, stride, m| $dw(p, stride, m),
-                |x, y| $mul(x, y),
-            )
-        }
     )*};
 }
 pub(super) use q8_0_kernels;

@@ -11,10 +11,11 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    e8m0_scales, f16_scales, hsum, hsum_epi32, mxfp4_qs, q4_0_qs, q5_0_qs, q8_0_family,
-    q8_0_family4, q8_0_family_strip, q8_0_kernels, q8_0_qs, rd_f16, rd_f16_pair, rd_f32, KFloat,
+    e8m0_scales, f16_scales, hsum, hsum4_epi32, hsum_epi32, mxfp4_qs, q4_0_qs, q5_0_qs,
+    q8_0_family, q8_0_family4, q8_0_kernels, q8_0_qs, rd_f16, rd_f16_pair, rd_f32, KFloat,
+    SCALE_GROUP,
 };
-use super::quant::{Q8_K_BYTES, QK_K};
+use super::quant::{Q8_0_BYTES, Q8_K_BYTES, QK8_0, QK_K};
 
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block's 12 scale bytes, all at
 /// once (the layout `scale_min_k4` reads one sub-block at a time).
@@ -201,6 +202,176 @@ unsafe fn dpbusd(ax: __m256i, sy: __m256i) -> __m256i {
 }
 
 q8_0_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl", dpbusd);
+
+thread_local! {
+    /// [`q8_0_family_strip`]'s decoded weight blocks, scales and activation corrections, reused.
+    #[allow(clippy::type_complexity)]
+    static STRIP: std::cell::RefCell<(Vec<__m256i>, Vec<f32>, Vec<__m256i>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// The Q8_0-family product of the weight rows `w` (a multiple of four) against the activation
+/// rows `a` (a multiple of four), in register tiles of four rows by four tokens:
+/// `*out.add(t * ld + r)` gets the one-row product of row `r` and token `t`, bit for bit.
+///
+/// Each row's blocks are decoded once for all the tokens, as unsigned bytes `x + offset`
+/// (`qs` gives the signed values `x`). Each token block's lanes then start from
+/// `-offset * (its four activations' sum)`, computed once for all the rows, so one `vpdpbusd`
+/// per row and token gives the one-row kernel's integer lanes exactly (the one-row kernel
+/// spends a `vpsignb` more on magnitudes and signs); the float steps are the one-row kernel's,
+/// in its order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+#[allow(clippy::needless_range_loop)] // `j`, `r` and `t` index blocks, rows and scales together
+#[allow(clippy::too_many_arguments)]
+unsafe fn q8_0_family_strip<const BLOCKS: bool>(
+    n: usize,
+    w: &[&[u8]],
+    (wb, offset): (usize, u8),
+    a: &[&[u8]],
+    (out, ld): (*mut f32, usize),
+    qs: impl Fn(&[u8]) -> __m256i,
+    dw: impl Fn(*const u8, usize, usize) -> __m256,
+) {
+    let nb = n / QK8_0;
+    let nr = w.len();
+    assert!(w.iter().all(|w| w.len() >= nb * wb) && a.iter().all(|a| a.len() >= nb * Q8_0_BYTES));
+    assert!(nr.is_multiple_of(4) && a.len().is_multiple_of(4) && ld >= nr);
+    // each row's scales padded by a group, so a group's eight lanes can always be loaded
+    let stride = nb + SCALE_GROUP;
+    // the body stays in this function (a closure would not carry its target features)
+    // SAFETY: nothing below reaches this thread's `STRIP` again while the buffers are borrowed.
+    let (dec, dws, corr, das) = &mut *STRIP.with(|c| c.as_ptr());
+    dec.clear();
+    dec.reserve(nr * nb);
+    let off = _mm256_set1_epi8(offset as i8);
+    // by row group, then block, then row within the group
+    for g in w.chunks_exact(4) {
+        for i in 0..nb {
+            for w in g {
+                let x = qs(std::slice::from_raw_parts(w.as_ptr().add(i * wb), wb));
+                dec.push(_mm256_add_epi8(x, off));
+            }
+        }
+    }
+    dws.clear();
+    dws.resize(nr * stride, 0.0);
+    for (r, w) in w.iter().enumerate() {
+        let mut i = 0;
+        while i < nb {
+            let m = (nb - i).min(SCALE_GROUP);
+            let v = dw(w.as_ptr().add(i * wb), wb, m);
+            _mm256_storeu_ps(dws.as_mut_ptr().add(r * stride + i), v);
+            i += m;
+        }
+    }
+    let zero = _mm256_setzero_si256();
+    let mut ds = [[[0f32; SCALE_GROUP]; 4]; 4];
+    for (q, aq) in a.chunks_exact(4).enumerate() {
+        // the four tokens' lane corrections and scales, block by block, for every row group
+        corr.resize(nb * 4, zero);
+        for i in 0..nb {
+            for (t, a) in aq.iter().enumerate() {
+                let y = _mm256_loadu_si256(a.as_ptr().add(i * Q8_0_BYTES + 2) as *const __m256i);
+                corr[i * 4 + t] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, y));
+            }
+        }
+        das.resize(4 * stride, 0.0);
+        for (t, a) in aq.iter().enumerate() {
+            let mut i = 0;
+            while i < nb {
+                let m = (nb - i).min(SCALE_GROUP);
+                let v = f16_scales(a.as_ptr().add(i * Q8_0_BYTES), Q8_0_BYTES, m);
+                _mm256_storeu_ps(das.as_mut_ptr().add(t * stride + i), v);
+                i += m;
+            }
+        }
+        for (gi, _) in w.chunks_exact(4).enumerate() {
+            let dec = &dec[gi * nb * 4..(gi + 1) * nb * 4];
+            let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+            let mut acc_b = [_mm_setzero_ps(); 4];
+            let mut i = 0;
+            while i < nb {
+                let m = (nb - i).min(SCALE_GROUP);
+                let da: [__m256; 4] =
+                    std::array::from_fn(|t| _mm256_loadu_ps(das.as_ptr().add(t * stride + i)));
+                for r in 0..4 {
+                    let dwv = _mm256_loadu_ps(dws.as_ptr().add((gi * 4 + r) * stride + i));
+                    for (t, da) in da.iter().enumerate() {
+                        _mm256_storeu_ps(ds[r][t].as_mut_ptr(), _mm256_mul_ps(dwv, *da));
+                    }
+                }
+                for j in 0..m {
+                    let b = i + j;
+                    let y: [__m256i; 4] = std::array::from_fn(|t| {
+                        _mm256_loadu_si256(aq[t].as_ptr().add(b * Q8_0_BYTES + 2) as *const __m256i)
+                    });
+                    let c: [__m256i; 4] = std::array::from_fn(|t| corr[b * 4 + t]);
+                    for r in 0..4 {
+                        let u = dec[b * 4 + r];
+                        let ps: [__m256i; 4] =
+                            std::array::from_fn(|t| _mm256_dpbusd_epi32(c[t], u, y[t]));
+                        if BLOCKS {
+                            // the four tokens' integer sums in one reduction and one fused step
+                            // in four lanes (each lane's chain is the one-row kernel's)
+                            let d4 =
+                                _mm_setr_ps(ds[r][0][j], ds[r][1][j], ds[r][2][j], ds[r][3][j]);
+                            acc_b[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(ps)), d4, acc_b[r]);
+                        } else {
+                            for t in 0..4 {
+                                acc[r][t] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(ds[r][t][j]),
+                                    _mm256_cvtepi32_ps(ps[t]),
+                                    acc[r][t],
+                                );
+                            }
+                        }
+                    }
+                }
+                i += m;
+            }
+            for r in 0..4 {
+                let mut v = [0f32; 4];
+                if BLOCKS {
+                    _mm_storeu_ps(v.as_mut_ptr(), acc_b[r]);
+                } else {
+                    v = std::array::from_fn(|t| hsum(acc[r][t]));
+                }
+                for (t, v) in v.iter().enumerate() {
+                    *out.add((q * 4 + t) * ld + gi * 4 + r) = *v;
+                }
+            }
+        }
+    }
+}
+
+/// The Q8_0-family types' [`q8_0_family_strip`]s: (name, block bytes, offset that makes the
+/// values unsigned, decoder, scale reader, ggml's repacked order).
+macro_rules! q8_0_strips {
+    ($($name:ident, $wb:expr, $off:expr, $qs:ident, $dw:ident, $blocks:expr;)*) => {$(
+        /// # Safety
+        /// The VNNI level; `out` takes `a.len()` rows of `ld` floats (`w.len()` written in each).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+        pub unsafe fn $name(n: usize, w: &[&[u8]], a: &[&[u8]], out: *mut f32, ld: usize) {
+            q8_0_family_strip::<$blocks>(
+                n,
+                w,
+                ($wb, $off),
+                a,
+                (out, ld),
+                |b| $qs(b),
+                |p, stride, m| $dw(p, stride, m),
+            )
+        }
+    )*};
+}
+
+q8_0_strips! {
+    q8_0_q8_0_strip, 34, 128, q8_0_qs, f16_scales, false;
+    q4_0_q8_0_strip, 18, 8, q4_0_qs, f16_scales, true;
+    q5_0_q8_0_strip, 22, 16, q5_0_qs, f16_scales, false;
+    mxfp4_q8_0_strip, 17, 12, mxfp4_qs, e8m0_scales, true;
+}
 
 /// ggml's F16 dot product as built for AVX-512: four accumulators of sixteen f32 lanes, 64
 /// elements a step, reduced as [`hsum512_ggml`] does, the rest added in f64.

@@ -14,9 +14,12 @@ pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 /// One weight row against four activation rows; each result equals the [`DotFn`] of the same
 /// type on that row bit for bit.
 pub type DotFn4 = fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
-/// Four weight rows against activation rows in fours: `out[t][r]`, each equal to the one-row
-/// kernel's product of row `r` and activation row `t`.
-pub type DotTile = fn(usize, [&[u8]; 4], &[&[u8]], &mut [[f32; 4]]);
+/// Weight rows in fours against activation rows in fours: `*out.add(t * ld + r)` gets the
+/// one-row kernel's product of row `r` and activation row `t`.
+///
+/// # Safety
+/// `out` must take `a.len()` rows of `ld` floats, `ld` at least the number of weight rows.
+pub type DotTile = unsafe fn(usize, &[&[u8]], &[&[u8]], *mut f32, usize);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -202,23 +205,17 @@ pub fn kernel_tile(w: GgmlType) -> Option<DotTile> {
 
 #[cfg(target_arch = "x86_64")]
 fn kernel_tile_for(isa: Isa, w: GgmlType) -> Option<DotTile> {
-    use super::{avx2, avx512};
+    use super::avx512;
     use GgmlType::*;
     // SAFETY (all): each level's kernels are reached only when `isa()` detected that level.
     match isa {
-        Isa::Scalar => None,
-        Isa::Avx2 => Some(match w {
-            Q4_0 => |n, w, a, o| unsafe { avx2::q4_0_q8_0_strip(n, w, a, o) },
-            Q5_0 => |n, w, a, o| unsafe { avx2::q5_0_q8_0_strip(n, w, a, o) },
-            Q8_0 => |n, w, a, o| unsafe { avx2::q8_0_q8_0_strip(n, w, a, o) },
-            Mxfp4 => |n, w, a, o| unsafe { avx2::mxfp4_q8_0_strip(n, w, a, o) },
-            _ => return None,
-        }),
+        // sixteen registers cannot hold the tile
+        Isa::Scalar | Isa::Avx2 => None,
         Isa::Avx512Vnni => Some(match w {
-            Q4_0 => |n, w, a, o| unsafe { avx512::q4_0_q8_0_strip(n, w, a, o) },
-            Q5_0 => |n, w, a, o| unsafe { avx512::q5_0_q8_0_strip(n, w, a, o) },
-            Q8_0 => |n, w, a, o| unsafe { avx512::q8_0_q8_0_strip(n, w, a, o) },
-            Mxfp4 => |n, w, a, o| unsafe { avx512::mxfp4_q8_0_strip(n, w, a, o) },
+            Q4_0 => avx512::q4_0_q8_0_strip,
+            Q5_0 => avx512::q5_0_q8_0_strip,
+            Q8_0 => avx512::q8_0_q8_0_strip,
+            Mxfp4 => avx512::mxfp4_q8_0_strip,
             _ => return None,
         }),
     }
@@ -592,21 +589,24 @@ mod tests {
         for ty in [Q4_0, Q5_0, Q8_0, Mxfp4] {
             // 40 blocks: five scale groups of eight, the last one partial
             for n in [1280, 256] {
-                let ws: Vec<Vec<u8>> = (0..4).map(|_| random_weights(ty, n, &mut rng)).collect();
-                // three strips of four tokens
+                // two groups of four rows, three of four tokens
+                let ws: Vec<Vec<u8>> = (0..8).map(|_| random_weights(ty, n, &mut rng)).collect();
                 let acts = random_acts(ty, n, 12, 2.0, &mut rng);
                 for level in simd_levels() {
-                    let tile = kernel_tile_for(level, ty).unwrap();
+                    let Some(tile) = kernel_tile_for(level, ty) else {
+                        continue;
+                    };
                     let one = kernel_for(level, ty).unwrap();
-                    let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+                    let w8: Vec<&[u8]> = ws.iter().map(|w| &w[..]).collect();
                     let a: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
-                    let mut got = vec![[f32::NAN; 4]; a.len()];
-                    tile(n, w4, &a, &mut got);
+                    let mut got = vec![f32::NAN; a.len() * w8.len()];
+                    // SAFETY: `got` holds a row of w8.len() floats per activation row.
+                    unsafe { tile(n, &w8, &a, got.as_mut_ptr(), w8.len()) };
                     for (r, w) in ws.iter().enumerate() {
                         for (t, a) in acts.iter().enumerate() {
                             let want = one(n, w, a);
                             assert_eq!(
-                                got[t][r].to_bits(),
+                                got[t * w8.len() + r].to_bits(),
                                 want.to_bits(),
                                 "{ty} {level:?} n={n} row {r} token {t}"
                             );
@@ -657,12 +657,13 @@ mod tests {
                 if let Some(tile) = kernel_tile_for(level, ty) {
                     // a strip of 16 tokens (four copies of the four rows), as prompts run it
                     let a16: Vec<&[u8]> = (0..16).map(|t| a4[t % 4]).collect();
-                    let mut out = vec![[0f32; 4]; 16];
+                    let w8: Vec<&[u8]> = ws.iter().map(|w| &w[..]).collect();
+                    let mut out = vec![0f32; 16 * 8];
                     let t = std::time::Instant::now();
-                    for r in 0..reps / 4 {
-                        let w = &ws[(r % 2) * 4..(r % 2) * 4 + 4];
-                        tile(n, [&w[0][..], &w[1], &w[2], &w[3]], &a16, &mut out);
-                        sink += out[0][0];
+                    for _ in 0..reps / 8 {
+                        // SAFETY: `out` holds a row of 8 floats per activation row.
+                        unsafe { tile(n, &w8, &a16, out.as_mut_ptr(), 8) };
+                        sink += out[0];
                     }
                     line += &format!(", strip {:.2}", t.elapsed().as_nanos() as f64 / per);
                 }

@@ -486,7 +486,7 @@ unsafe fn tile_loop(
     let n = act.n;
     // a token tile's activation rows and one strip's results, reused by every tile
     let mut acts: Vec<&[u8]> = Vec::with_capacity(TOKEN_TILE);
-    let mut sums = [[0f32; 4]; TOKEN_TILE];
+    let mut rows: Vec<&[u8]> = Vec::with_capacity(ROW_TILE);
     let mut rb = r0;
     while rb < r1 {
         let re = (rb + ROW_TILE).min(r1);
@@ -495,25 +495,28 @@ unsafe fn tile_loop(
             let te = (tb + TOKEN_TILE).min(n);
             // the tiled part: whole groups of four rows and four tokens
             let (mut rt, tt) = (rb, tb + (te - tb) / 4 * 4);
-            if let Some(tile) = tile.filter(|_| tt > tb) {
+            let rg = rb + (re - rb) / 4 * 4;
+            if let Some(tile) = tile.filter(|_| tt > tb && rg > rb) {
+                // the tile's whole groups of four rows and four tokens in one call
                 acts.clear();
                 acts.extend((tb..tt).map(|t| act.row(t)));
-                let sums = &mut sums[..acts.len()];
-                while rt + 4 <= re {
-                    let rows = [w.row(rt), w.row(rt + 1), w.row(rt + 2), w.row(rt + 3)];
-                    tile(w.cols, rows, &acts, sums);
-                    for (q, v) in sums.iter().enumerate() {
-                        let o = out.get().add((tb + q) * w.rows + rt);
-                        std::ptr::copy_nonoverlapping(v.as_ptr(), o, 4);
+                rows.clear();
+                rows.extend((rb..rg).map(|r| w.row(r)));
+                // this thread's columns rb..rg of output rows tb..tt
+                tile(
+                    w.cols,
+                    &rows,
+                    &acts,
+                    out.get().add(tb * w.rows + rb),
+                    w.rows,
+                );
+                // the groups' leftover tokens
+                for r in rb..rg {
+                    for t in tt..te {
+                        *out.get().add(t * w.rows + r) = dot(w.cols, w.row(r), act.row(t));
                     }
-                    // this group's leftover tokens
-                    for r in rt..rt + 4 {
-                        for t in tt..te {
-                            *out.get().add(t * w.rows + r) = dot(w.cols, w.row(r), act.row(t));
-                        }
-                    }
-                    rt += 4;
                 }
+                rt = rg;
             }
             for r in rt..re {
                 row_dots(
