@@ -254,17 +254,7 @@ unsafe fn q8_0_family_strip<const BLOCKS: bool>(
             }
         }
     }
-    dws.clear();
-    dws.resize(nr * stride, 0.0);
-    for (r, w) in w.iter().enumerate() {
-        let mut i = 0;
-        while i < nb {
-            let m = (nb - i).min(SCALE_GROUP);
-            let v = dw(w.as_ptr().add(i * wb), wb, m);
-            _mm256_storeu_ps(dws.as_mut_ptr().add(r * stride + i), v);
-            i += m;
-        }
-    }
+    scales_of(w, (wb, nb, stride), &dw, dws);
     let zero = _mm256_setzero_si256();
     let mut ds = [[[0f32; SCALE_GROUP]; 4]; 4];
     for (q, aq) in a.chunks_exact(4).enumerate() {
@@ -276,16 +266,12 @@ unsafe fn q8_0_family_strip<const BLOCKS: bool>(
                 corr[i * 4 + t] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, y));
             }
         }
-        das.resize(4 * stride, 0.0);
-        for (t, a) in aq.iter().enumerate() {
-            let mut i = 0;
-            while i < nb {
-                let m = (nb - i).min(SCALE_GROUP);
-                let v = f16_scales(a.as_ptr().add(i * Q8_0_BYTES), Q8_0_BYTES, m);
-                _mm256_storeu_ps(das.as_mut_ptr().add(t * stride + i), v);
-                i += m;
-            }
-        }
+        scales_of(
+            aq,
+            (Q8_0_BYTES, nb, stride),
+            &|p, st, m| f16_scales(p, st, m),
+            das,
+        );
         for (gi, _) in w.chunks_exact(4).enumerate() {
             let dec = &dec[gi * nb * 4..(gi + 1) * nb * 4];
             let mut acc = [[_mm256_setzero_ps(); 4]; 4];
@@ -341,6 +327,29 @@ unsafe fn q8_0_family_strip<const BLOCKS: bool>(
                     *out.add((q * 4 + t) * ld + gi * 4 + r) = *v;
                 }
             }
+        }
+    }
+}
+
+/// The scales of the first `nb` blocks (`bytes` apart) of each of `rows`, as floats: row `r`'s
+/// at `to[r * stride..]`, read eight blocks at a time by `read`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_of(
+    rows: &[&[u8]],
+    (bytes, nb, stride): (usize, usize, usize),
+    read: &impl Fn(*const u8, usize, usize) -> __m256,
+    to: &mut Vec<f32>,
+) {
+    to.clear();
+    to.resize(rows.len() * stride, 0.0);
+    for (r, row) in rows.iter().enumerate() {
+        let mut i = 0;
+        while i < nb {
+            let m = (nb - i).min(SCALE_GROUP);
+            let v = read(row.as_ptr().add(i * bytes), bytes, m);
+            _mm256_storeu_ps(to.as_mut_ptr().add(r * stride + i), v);
+            i += m;
         }
     }
 }
