@@ -65,6 +65,21 @@ fn tiny_presets_read_back() {
         );
         assert_eq!(h.n_vocab, 32000, "{name}");
         assert_eq!(h.moe.map(|m| m.n_expert).unwrap_or(0), p.n_expert);
+        if p.arch == "deepseek2" {
+            // the planner's cache widths: keys only in the absorbed form (values are read from
+            // them), per-head keys and values in the attn_kv_b form
+            let kv = bloomery::placement::Inventory::from_gguf(&f, &[])
+                .unwrap()
+                .kv[0];
+            let (rank, rope) = (p.kv_lora_rank as u64, p.rope_dim as u64);
+            let heads = p.n_head as u64;
+            let want = if p.mla_absorbed {
+                (rank + rope, 0)
+            } else {
+                (heads * p.head_dim as u64, heads * p.value_dim as u64)
+            };
+            assert_eq!((kv.k, kv.v), want, "{name}");
+        }
         let o = f.tensor("blk.0.attn_output.weight").unwrap();
         assert_eq!(o.ggml_type, GgmlType::Q4K);
         // Weights are scaled like 1/sqrt(fan_in), output projections also by 1/sqrt(2 * n_layer).

@@ -51,6 +51,8 @@ pub(super) struct MlaBufs {
     kvb: Vec<f32>,
     gather: Vec<f32>,
     prod: Vec<f32>,
+    /// A row before its norm.
+    row: Vec<f32>,
 }
 
 impl Mla {
@@ -123,8 +125,9 @@ impl Mla {
                 b.q_a.resize(n * q_rank, 0.0);
                 matmul(pool, &a.product_mat(), cur, n, &mut b.q_a, act);
                 for row in b.q_a.chunks_exact_mut(q_rank) {
-                    let x = row.to_vec();
-                    rms_norm(&x, norm, hp.eps, row);
+                    b.row.clear();
+                    b.row.extend_from_slice(row);
+                    rms_norm(&b.row, norm, hp.eps, row);
                 }
                 matmul(pool, &wb.product_mat(), &b.q_a, n, &mut b.q, act);
             }
@@ -140,8 +143,9 @@ impl Mla {
             let cache = rope_cache(p, n_rot, rope_base, rope_scale, &hp.yarn);
             let row = &mut b.ckv[t * wa..(t + 1) * wa];
             rope(&mut row[kv_rank..], &cache, RopeKind::Norm);
-            let c = row[..kv_rank].to_vec();
-            rms_norm(&c, &self.kv_a_norm, hp.eps, &mut row[..kv_rank]);
+            b.row.clear();
+            b.row.extend_from_slice(&row[..kv_rank]);
+            rms_norm(&b.row, &self.kv_a_norm, hp.eps, &mut row[..kv_rank]);
             for head in b.q[t * h * head_k..(t + 1) * h * head_k].chunks_exact_mut(head_k) {
                 rope(&mut head[nope..], &cache, RopeKind::Norm);
             }

@@ -330,6 +330,10 @@ pub struct Hparams {
     /// Multi-head latent attention (DeepSeek-V2 family).
     pub q_lora_rank: Option<u32>,
     pub kv_lora_rank: Option<u32>,
+    /// The file stores latent attention in the absorbed form (`attention.key_length_mla` and
+    /// `value_length_mla`): the cache holds keys only, one head of `key_length`, and the values
+    /// are the start of each key row.
+    pub mla_absorbed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -455,6 +459,8 @@ impl Hparams {
             final_logit_softcap: meta.f32(&k("final_logit_softcapping"))?,
             q_lora_rank: meta.u32(&k("attention.q_lora_rank"))?,
             kv_lora_rank: meta.u32(&k("attention.kv_lora_rank"))?,
+            mla_absorbed: meta.u32(&k("attention.key_length_mla"))?.unwrap_or(0) > 0
+                && meta.u32(&k("attention.value_length_mla"))?.unwrap_or(0) > 0,
             arch,
         })
     }

@@ -144,20 +144,21 @@ impl Inventory {
     }
 }
 
-/// Per-layer KV widths. Multi-head latent attention caches the compressed KV plus the rotary
-/// part in one head. A sliding window is applied only when the file gives its layer pattern
+/// Per-layer KV widths. Latent attention in the absorbed form caches keys only (one head of the
+/// compressed KV plus the rotary part) and reads values from them; older latent-attention files
+/// cache per-head keys and values as any multi-head model. A sliding window is applied only when the file gives its layer pattern
 /// (every `pattern`-th layer global); without a pattern every layer is sized for the full
 /// context, which can only overestimate.
 fn layer_kv(hp: &Hparams) -> Vec<LayerKv> {
     (0..hp.n_layer as usize)
         .map(|il| {
             let heads = hp.n_head_kv.get(il).copied().unwrap_or(0) as u64;
-            let (k, v) = match hp.kv_lora_rank {
-                Some(rank) if heads > 0 => (rank as u64 + hp.rope.n_rot as u64, rank as u64),
-                _ => (
-                    heads * hp.n_embd_head_k as u64,
-                    heads * hp.n_embd_head_v as u64,
-                ),
+            let k = heads * hp.n_embd_head_k as u64;
+            // latent attention's absorbed form reads its values from the keys' rows
+            let v = if hp.mla_absorbed {
+                0
+            } else {
+                heads * hp.n_embd_head_v as u64
             };
             let window = match (hp.sliding_window, hp.sliding_window_pattern) {
                 (Some(w), Some(p)) if p > 0 && (il as u32) % p < p - 1 => Some(w),
