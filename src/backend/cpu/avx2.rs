@@ -700,41 +700,6 @@ pub unsafe fn mad_f16(y: &mut [u16], x: &[u8], v: f32) {
     super::vec::mad_f16_scalar(&mut y[full..n], &x[2 * full..2 * n], v);
 }
 
-/// `y = f16(y + x * v)` rounded once, for `v` an f16 value: [`super::vec::fma_f16_once`] eight
-/// lanes at a time.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn mad_f16_once(y: &mut [u16], x: &[u8], v: f32) {
-    let n = y.len().min(x.len() / 2);
-    let full = n / 8 * 8;
-    let vv = _mm256_set1_ps(v);
-    let zero = _mm256_setzero_ps();
-    let one = _mm256_set1_epi32(1);
-    let mut i = 0;
-    while i < full {
-        let py = y.as_mut_ptr().add(i) as *mut __m128i;
-        let yf = _mm256_cvtph_ps(_mm_loadu_si128(py));
-        let xf = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i) as *const __m128i));
-        let p = _mm256_mul_ps(xf, vv);
-        let s = _mm256_add_ps(yf, p);
-        let bb = _mm256_sub_ps(s, yf);
-        let e = _mm256_add_ps(
-            _mm256_sub_ps(yf, _mm256_sub_ps(s, bb)),
-            _mm256_sub_ps(p, bb),
-        );
-        let sb = _mm256_castps_si256(s);
-        let eb = _mm256_castps_si256(e);
-        let inexact = _mm256_castps_si256(_mm256_cmp_ps(e, zero, _CMP_NEQ_OQ));
-        let even = _mm256_cmpeq_epi32(_mm256_and_si256(sb, one), _mm256_setzero_si256());
-        // +1 (away from zero) where the error has the sum's sign, -1 where not
-        let step = _mm256_or_si256(_mm256_srai_epi32(_mm256_xor_si256(sb, eb), 31), one);
-        let odd = _mm256_add_epi32(sb, _mm256_and_si256(step, _mm256_and_si256(inexact, even)));
-        let r = _mm256_castsi256_ps(odd);
-        _mm_storeu_si128(py, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
-        i += 8;
-    }
-    super::vec::mad_f16_once_scalar(&mut y[full..n], &x[2 * full..2 * n], v);
-}
-
 /// `y = f16(y * v)` elementwise.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn scale_f16(y: &mut [u16], v: f32) {

@@ -494,6 +494,33 @@ pub(super) unsafe fn reduce_add_ps(v: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
 }
 
+/// `y = f16(y + x * v)` with one rounding, as upstream's f16 loops compute it on an
+/// AVX512-FP16 CPU (`vfmadd231ph`, 32 halves an instruction); `vh` is `v` as a half. `x` holds
+/// little-endian halves; `y.len()` must be a multiple of 32.
+///
+/// # Safety
+/// The CPU has AVX512-FP16 (`vec::half_arith`).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn mad_f16_fp16(y: &mut [u16], x: &[u8], vh: u16) {
+    assert!(y.len().is_multiple_of(32) && x.len() >= 2 * y.len());
+    let v = _mm512_set1_epi16(vh as i16);
+    for i in (0..y.len()).step_by(32) {
+        let py = y.as_mut_ptr().add(i);
+        let px = x.as_ptr().add(2 * i);
+        // SAFETY: 32 halves at `py` and at `px`, checked above; the caller checked the CPU.
+        std::arch::asm!(
+            "vmovdqu16 {a}, zmmword ptr [{py}]",
+            "vfmadd231ph {a}, {v}, zmmword ptr [{px}]",
+            "vmovdqu16 zmmword ptr [{py}], {a}",
+            py = in(reg) py,
+            px = in(reg) px,
+            v = in(zmm_reg) v,
+            a = out(zmm_reg) _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::quant::scale_min_k4;

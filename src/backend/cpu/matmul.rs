@@ -52,6 +52,11 @@ impl<'a> QMat<'a> {
 const ROW_TILE: usize = 16;
 /// Tokens handled together inside a row tile.
 const TOKEN_TILE: usize = 64;
+/// Fewest tokens of a tile that the strip kernels take: they decode a row tile's weights into a
+/// buffer and correct each token's sums up front, which four tokens do not repay; fewer go
+/// through the four-token kernel (`head_speed`: Gemma's Q8_0 head against 4 tokens 18.3-18.7 ms
+/// that way, 20.3 as a strip; 8 and 12 tokens 26.6 and 32.4 as strips, 26.8 and 38.8 in fours).
+const STRIP_MIN_TOKENS: usize = 8;
 
 /// Activations converted for one weight type, reusable across several products with weights of
 /// the same `vec_dot_type` (q, k and v share one conversion).
@@ -496,7 +501,7 @@ unsafe fn tile_loop(
             // the tiled part: whole groups of four rows and four tokens
             let (mut rt, tt) = (rb, tb + (te - tb) / 4 * 4);
             let rg = rb + (re - rb) / 4 * 4;
-            if let Some(tile) = tile.filter(|_| tt > tb && rg > rb) {
+            if let Some(tile) = tile.filter(|_| tt - tb >= STRIP_MIN_TOKENS && rg > rb) {
                 // the tile's whole groups of four rows and four tokens in one call
                 acts.clear();
                 acts.extend((tb..tt).map(|t| act.row(t)));
@@ -552,6 +557,46 @@ pub(crate) fn q8_0_test_rows(rows: usize, cols: usize, seed: usize) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    fn q8_0_mat(data: &[u8], rows: usize, cols: usize) -> QMat<'_> {
+        QMat {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            data,
+            packed: None,
+        }
+    }
+
+    /// A large Q8_0 matrix (Gemma 3 270M's output head: 262144 x 640) against 1 to 16
+    /// tokens on two threads: ms per product and GB/s of weights
+    /// (`cargo test --release --lib head_speed -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "timing, for measuring"]
+    fn head_speed() {
+        let (rows, cols) = (262_144, 640);
+        let w = q8_0_test_rows(rows, cols, 3);
+        let mat = q8_0_mat(&w, rows, cols);
+        let pool = ThreadPool::new(2);
+        for n in [1, 4, 8, 12, 16] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
+                .collect();
+            let mut out = vec![0.0; n * rows];
+            let mut act = Activations::new();
+            matmul(&pool, &mat, &x, n, &mut out, &mut act);
+            let reps = 10;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                matmul(&pool, &mat, &x, n, &mut out, &mut act);
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            println!(
+                "{n} tokens: {ms:.2} ms, {:.1} GB/s",
+                w.len() as f64 / ms / 1e6
+            );
+        }
+    }
+
     #[test]
     fn matmul_matches_row_by_row_dots() {
         // 37 rows and 70 tokens: whole and partial tiles of rows and of tokens
@@ -564,13 +609,7 @@ mod tests {
         let pool = ThreadPool::new(2);
         let (rows, cols) = (37, 64);
         let data = q8_0_test_rows(rows, cols, 0);
-        let w = QMat {
-            ty: GgmlType::Q8_0,
-            rows,
-            cols,
-            data: &data,
-            packed: None,
-        };
+        let w = q8_0_mat(&data, rows, cols);
         let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i % 13) as f32 - 6.0) * 0.1)
             .collect();
