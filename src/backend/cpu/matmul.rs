@@ -523,7 +523,16 @@ unsafe fn tile_loop(
                 }
                 rt = rg;
             }
+            // a few tokens make the product stream its rows: ask for rows ahead, as pair_dots
+            let ahead = if te - tb < STRIP_MIN_TOKENS {
+                prefetch_rows()
+            } else {
+                0
+            };
             for r in rt..re {
+                if ahead > 0 && r + ahead < r1 {
+                    prefetch_row(w.row(r + ahead));
+                }
                 row_dots(
                     (dot, dot4),
                     w.cols,
