@@ -9,7 +9,7 @@
 
 use super::arch::{Hparams, MlaDims, RopeKind};
 use super::dump;
-use super::model::{rms_norm, rope, rope_cache};
+use super::model::{rms_norm_in_place, rope, rope_cache};
 use super::weights::{Loader, Tensor};
 use super::EngineError;
 use crate::backend::cpu::matmul::{matmul, Activations};
@@ -51,8 +51,6 @@ pub(super) struct MlaBufs {
     kvb: Vec<f32>,
     gather: Vec<f32>,
     prod: Vec<f32>,
-    /// A row before its norm.
-    row: Vec<f32>,
 }
 
 impl Mla {
@@ -124,11 +122,7 @@ impl Mla {
             Query::Lora { a, norm, b: wb } => {
                 b.q_a.resize(n * q_rank, 0.0);
                 matmul(pool, &a.product_mat(), cur, n, &mut b.q_a, act);
-                for row in b.q_a.chunks_exact_mut(q_rank) {
-                    b.row.clear();
-                    b.row.extend_from_slice(row);
-                    rms_norm(&b.row, norm, hp.eps, row);
-                }
+                rms_norm_in_place(&mut b.q_a, norm, hp.eps, q_rank);
                 matmul(pool, &wb.product_mat(), &b.q_a, n, &mut b.q, act);
             }
         }
@@ -143,9 +137,7 @@ impl Mla {
             let cache = rope_cache(p, n_rot, rope_base, rope_scale, &hp.yarn);
             let row = &mut b.ckv[t * wa..(t + 1) * wa];
             rope(&mut row[kv_rank..], &cache, RopeKind::Norm);
-            b.row.clear();
-            b.row.extend_from_slice(&row[..kv_rank]);
-            rms_norm(&b.row, &self.kv_a_norm, hp.eps, &mut row[..kv_rank]);
+            rms_norm_in_place(&mut row[..kv_rank], &self.kv_a_norm, hp.eps, kv_rank);
             for head in b.q[t * h * head_k..(t + 1) * h * head_k].chunks_exact_mut(head_k) {
                 rope(&mut head[nope..], &cache, RopeKind::Norm);
             }
@@ -182,8 +174,8 @@ impl Mla {
                 }
                 b.kvb.resize(n * h * wide, 0.0);
                 matmul(pool, &wkv_b.product_mat(), &b.gather, n, &mut b.kvb, act);
-                q.clear();
-                q.extend_from_slice(&b.q);
+                // the queries are the projection's, roped in place
+                std::mem::swap(q, &mut b.q);
                 k.resize(n * h * head_k, 0.0);
                 v.resize(n * h * head_v, 0.0);
                 for t in 0..n {

@@ -729,12 +729,17 @@ fn gqa_project(
 
 /// ggml's `rms_norm`: the mean of squares summed in f64, then `x * scale * w` in f32.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
     }
+}
+
+/// [`rms_norm`]'s `1 / sqrt(mean(x^2) + eps)`.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, width: usize, out: &mut Vec<f32>) {
@@ -744,11 +749,13 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, width: usize, out: &mut Vec<f32
     }
 }
 
-fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, width: usize) {
-    let mut tmp = vec![0.0; width];
+/// [`rms_norm`] of each row of `width` values of `x`, in place (the same floats).
+pub(super) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, width: usize) {
     for row in x.chunks_exact_mut(width) {
-        rms_norm(row, w, eps, &mut tmp);
-        row.copy_from_slice(&tmp);
+        let scale = rms_scale(row, eps);
+        row.iter_mut()
+            .zip(w)
+            .for_each(|(v, &g)| *v = *v * scale * g);
     }
 }
 

@@ -272,7 +272,7 @@ unsafe fn q8_0_family_strip<const BLOCKS: bool>(
             &|p, st, m| f16_scales(p, st, m),
             das,
         );
-        for (gi, _) in w.chunks_exact(4).enumerate() {
+        for gi in 0..nr / 4 {
             let dec = &dec[gi * nb * 4..(gi + 1) * nb * 4];
             let mut acc = [[_mm256_setzero_ps(); 4]; 4];
             let mut acc_b = [_mm_setzero_ps(); 4];

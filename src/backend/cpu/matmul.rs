@@ -474,12 +474,13 @@ fn prefetch_row(row: &[u8]) {
     let _ = row;
 }
 
-/// The single-threaded body, also used for products too small to be worth splitting. Four
-/// weight rows by four tokens go through the tile kernel where the type has one (sixteen sums in
-/// registers: each weight block decoded once for four tokens, each activation block loaded once
-/// for four rows); the remaining tokens four at a time through the four-row kernel where the
-/// type has one, the rest one at a time, as ggml splits a product's rows. All give the same bits
-/// but for Q4_K, whose rows in fours are summed as ggml's four-row kernel sums them.
+/// The single-threaded body, also used for products too small to be worth splitting. A token
+/// tile of [`STRIP_MIN_TOKENS`] or more goes through the strip kernel where the type has one
+/// (each row tile's weights decoded once, tiles of four rows by four tokens in registers); the
+/// remaining rows and tokens four tokens at a time through the four-token kernel where the type
+/// has one (rows prefetched ahead for a few tokens), the rest one at a time, as ggml splits a
+/// product's rows. All give the same bits but for Q4_K, whose rows in fours are summed as
+/// ggml's four-row kernel sums them.
 unsafe fn tile_loop(
     (dot, dot4, tile): (DotFn, Option<DotFn4>, Option<DotTile>),
     w: &QMat,
@@ -489,7 +490,7 @@ unsafe fn tile_loop(
     out: SyncPtr<f32>,
 ) {
     let n = act.n;
-    // a token tile's activation rows and one strip's results, reused by every tile
+    // a token tile's activation rows and a row tile's weight rows, reused by every tile
     let mut acts: Vec<&[u8]> = Vec::with_capacity(TOKEN_TILE);
     let mut rows: Vec<&[u8]> = Vec::with_capacity(ROW_TILE);
     let mut rb = r0;
