@@ -42,6 +42,10 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Bytes per row of decode products' 8-bit input (quantize_x in matvec.cu): k signed bytes, then
+// per 32 values a float2 (scale, scale times the sum of the 32 bytes), padded to 16 bytes.
+__host__ __device__ __forceinline__ int xq_stride(int k) { return (k + k / 4 + 15) & ~15; }
+
 // act(g) * u for gated FFNs: SiLU (gelu = 0) or GELU's tanh form (gelu = 1).
 __device__ __forceinline__ float glu_of(float g, float u, int gelu) {
     const float a = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608f * g * (1.0f + 0.044715f * g * g)))

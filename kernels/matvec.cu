@@ -10,7 +10,7 @@
 // and d times the sum of the 32 bytes, the row padded to 16 bytes. Integer dot products of the
 // weights' 4-bit values with those bytes replace dequantizing every weight to f32, which left
 // the products bound by each lane's chain of instructions.
-__host__ __device__ __forceinline__ int xq_stride(int k) { return (k + k / 4 + 15) & ~15; }
+// (xq_stride, the rows' byte stride, is in common.cuh: rms_norm writes such rows too.)
 
 // One warp per 32 values of a row: lane l holds value l.
 extern "C" __global__ void quantize_x(const float* x, int k, int rows, u8* out) {
@@ -204,9 +204,150 @@ __device__ __forceinline__ int warp_row0(int rpw) {
     return (blockIdx.x * MMV_WARPS + threadIdx.x / WARP) * rpw;
 }
 
+// Decode products over F32 weights and the types that read quantized input (Q4_K, Q8_0) give
+// each row a group of g warps (g = 1, 2 or 4 by the row's length; 4 / g rows to a block of 128
+// threads). A row is cut into items of 16 weights; thread t of a group takes items t, t + 32 g,
+// ... straight from memory, and the group's sums meet in shared memory. Every row has its own
+// threads, so a 512-row matrix still has every multiprocessor's loads in flight, where a warp
+// walking whole rows (mmv_warp) left most of the card idle and waited on each span in turn.
+template <int TY>
+__device__ __forceinline__ constexpr bool grouped() {
+    return TY == T_F32 || reads_q8<TY>();
+}
+
+template <int TY>
+struct Item;
+
+// 8 bytes of a super-block's 4-bit values: 8 values of sub-block 2p (low nibbles) and the same
+// 8 positions of sub-block 2p + 1 (high nibbles), against the quantized input.
+template <>
+struct Item<T_Q4_K> {
+    static __device__ __forceinline__ float dot(const u8* row, int i, const u8* xr, int k) {
+        const int sb = i / 16, p = i % 16 / 4, q = i % 4;
+        const u8* b = row + (i64)sb * 144;
+        const u32 dd = *(const u32*)b;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * p, b + 4, &sc0, &m0);
+        scale_min_k4(2 * p + 1, b + 4, &sc1, &m1);
+        const uint2 w = *(const uint2*)(b + 16 + 32 * p + 8 * q);
+        const int c0 = sb * 8 + 2 * p;
+        const uint2 x0 = *(const uint2*)(xr + 32 * c0 + 8 * q);
+        const uint2 x1 = *(const uint2*)(xr + 32 * (c0 + 1) + 8 * q);
+        const float2* ds = (const float2*)(xr + k);
+        const float2 d0 = ds[c0], d1 = ds[c0 + 1];
+        int lo = __dp4a((int)(w.x & 0x0F0F0F0Fu), (int)x0.x, 0);
+        lo = __dp4a((int)(w.y & 0x0F0F0F0Fu), (int)x0.y, lo);
+        int hi = __dp4a((int)((w.x >> 4) & 0x0F0F0F0Fu), (int)x1.x, 0);
+        hi = __dp4a((int)((w.y >> 4) & 0x0F0F0F0Fu), (int)x1.y, hi);
+        float s = h2f(dd & 0xFFFF) * (sc0 * d0.x * (float)lo + sc1 * d1.x * (float)hi);
+        // each sub-block's min term once, by the item holding its first 8 values
+        if (q == 0) s -= h2f(dd >> 16) * (m0 * d0.y + m1 * d1.y);
+        return s;
+    }
+};
+
+// Half a block (16 signed bytes, 2-byte aligned) against the quantized input.
+template <>
+struct Item<T_Q8_0> {
+    static __device__ __forceinline__ float dot(const u8* row, int i, const u8* xr, int k) {
+        const u8* b = row + (i64)(i / 2) * 34;
+        const u16* w = (const u16*)(b + 2 + 16 * (i % 2));
+        const int4 x = *(const int4*)(xr + 16 * i);
+        int s = __dp4a((int)(w[0] | ((u32)w[1] << 16)), x.x, 0);
+        s = __dp4a((int)(w[2] | ((u32)w[3] << 16)), x.y, s);
+        s = __dp4a((int)(w[4] | ((u32)w[5] << 16)), x.z, s);
+        s = __dp4a((int)(w[6] | ((u32)w[7] << 16)), x.w, s);
+        return h2f(*(const u16*)b) * ((const float2*)(xr + k))[i / 2].x * (float)s;
+    }
+};
+
+// 16 f32 weights against 16 f32 inputs (rows 16-byte aligned: k a multiple of 16).
+template <>
+struct Item<T_F32> {
+    static __device__ __forceinline__ float dot(const u8* row, int i, const u8* xr, int) {
+        const float4* w = (const float4*)row + 4 * i;
+        const float4* x = (const float4*)xr + 4 * i;
+        float s = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            const float4 a = w[l], c = x[l];
+            s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+        }
+        return s;
+    }
+};
+
+// Bytes between the products' input rows: quantized rows (quantize_x) or f32 rows.
+template <int TY>
+__device__ __forceinline__ i64 x_bytes(int k) {
+    return reads_q8<TY>() ? (i64)xq_stride(k) : 4 * (i64)k;
+}
+
+// This block's group computes row r = blockIdx.x * (4 / g) + group of each of the M matrices
+// `row(r, m)` times up to MMV_MAX input rows `xrow(col)` and hands sums[m][col] to
+// `done(r, sums)` (called by the group's first thread). Every thread of the block must call it.
+template <int TY, int M, typename Row, typename XRow, typename Done>
+__device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Row row, XRow xrow,
+                                          Done done) {
+    __shared__ float red[MMV_WARPS][M][MMV_MAX];
+    const int gsize = WARP * g;
+    const int r = blockIdx.x * (MMV_WARPS / g) + threadIdx.x / gsize;
+    const int t = threadIdx.x % gsize;
+    float acc[M][MMV_MAX];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int col = 0; col < MMV_MAX; col++) acc[m][col] = 0.0f;
+    if (r < nrows) {
+        const int items = k / 16;
+        for (int i = t; i < items; i += gsize) {
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const u8* w = row(r, m);
+#pragma unroll
+                for (int col = 0; col < MMV_MAX; col++)
+                    if (col < ncols) acc[m][col] += Item<TY>::dot(w, i, xrow(col), k);
+            }
+        }
+    }
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int col = 0; col < MMV_MAX; col++)
+            if (col < ncols) {
+                const float v = warp_sum(acc[m][col]);
+                if (lane == 0) red[warp][m][col] = v;
+            }
+    __syncthreads();
+    if (r < nrows && t == 0) {
+        float sums[M][MMV_MAX];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int col = 0; col < MMV_MAX; col++) {
+                float s = 0.0f;
+                if (col < ncols)
+                    for (int w = 0; w < g; w++) s += red[warp + w][m][col];
+                sums[m][col] = s;
+            }
+        done(r, sums);
+    }
+}
+
 template <int TY>
 __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int nrows,
                                          const float* x, int ncols, float* y, int rpw) {
+    if constexpr (grouped<TY>()) {
+        // rpw is the group's warps per row here
+        mmv_group<TY, 1>(
+            nrows, k, ncols, rpw, [&](int r, int) { return W + r * row_bytes; },
+            [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); },
+            [&](int r, float (*s)[MMV_MAX]) {
+                for (int col = 0; col < ncols; col++) y[(i64)col * nrows + r] = s[0][col];
+            });
+        return;
+    }
     __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int r0 = warp_row0(rpw);
     // quantized input (quantize_x) has rows xq_stride(k) bytes apart
@@ -228,12 +369,19 @@ template <int TY>
 __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expert_bytes, int k,
                                             int nrows, const int* ids, const float* x, int x_div,
                                             float* y, int rpw) {
-    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int p = blockIdx.y;
     const int id = ids[p];
     if (id < 0) return;
     const u8* we = W + (i64)id * expert_bytes;
     const float* xp = x_row<TY>(x, p / x_div, k);
+    if constexpr (grouped<TY>()) {
+        mmv_group<TY, 1>(
+            nrows, k, 1, rpw, [&](int r, int) { return we + r * row_bytes; },
+            [&](int) { return (const u8*)xp; },
+            [&](int r, float (*s)[MMV_MAX]) { y[(i64)p * nrows + r] = s[0][0]; });
+        return;
+    }
+    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int r0 = warp_row0(rpw);
     mmv_warp<TY, 1>(
         r0, min(r0 + rpw, nrows), k, 1, k, [&](int r, int) { return we + r * row_bytes; },
@@ -249,12 +397,21 @@ __device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 ro
                                                 i64 expert_bytes, int k, int nrows,
                                                 const int* ids, const float* x, int x_div,
                                                 int gelu, float* y, int rpw) {
-    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int p = blockIdx.y;
     const int id = ids[p];
     if (id < 0) return;
     const i64 e0 = (i64)id * expert_bytes;
     const float* xp = x_row<TY>(x, p / x_div, k);
+    if constexpr (grouped<TY>()) {
+        mmv_group<TY, 2>(
+            nrows, k, 1, rpw, [&](int r, int m) { return (m == 0 ? G : U) + e0 + r * row_bytes; },
+            [&](int) { return (const u8*)xp; },
+            [&](int r, float (*s)[MMV_MAX]) {
+                y[(i64)p * nrows + r] = glu_of(s[0][0], s[1][0], gelu);
+            });
+        return;
+    }
+    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
     const int r0 = warp_row0(rpw);
     mmv_warp<TY, 2>(
         r0, min(r0 + rpw, nrows), k, 1, k,
@@ -333,3 +490,35 @@ __device__ __forceinline__ void get_rows_impl(const u8* W, i64 row_bytes, int k,
     }
 
 FOR_EACH_TYPE(MATVEC_KERNELS)
+
+// Up to three matrices of one type and row length times the same input in one launch (a
+// layer's q, k and v): rows [0, rows0) are W0's, the next rows1 W1's, the last rows2 W2's, each
+// written to its own output. g as for mmv_group.
+#define GROUPED_KERNELS(NAME, TY)                                                                \
+    extern "C" __global__ void mmv3_##NAME(const u8* W0, const u8* W1, const u8* W2,            \
+                                           i64 row_bytes, int k, int rows0, int rows1,          \
+                                           int rows2, const float* x, int ncols, float* y0,     \
+                                           float* y1, float* y2, int g) {                       \
+        mmv_group<TY, 1>(                                                                        \
+            rows0 + rows1 + rows2, k, ncols, g,                                                  \
+            [&](int r, int) {                                                                    \
+                return r < rows0           ? W0 + r * row_bytes                                  \
+                       : r < rows0 + rows1 ? W1 + (r - rows0) * row_bytes                        \
+                                           : W2 + (r - rows0 - rows1) * row_bytes;               \
+            },                                                                                   \
+            [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); },                        \
+            [&](int r, float (*s)[MMV_MAX]) {                                                    \
+                float* y = y0;                                                                   \
+                int n = rows0;                                                                   \
+                if (r >= rows0 + rows1) {                                                        \
+                    y = y2, n = rows2, r -= rows0 + rows1;                                       \
+                } else if (r >= rows0) {                                                         \
+                    y = y1, n = rows1, r -= rows0;                                               \
+                }                                                                                \
+                for (int col = 0; col < ncols; col++) y[(i64)col * n + r] = s[0][col];           \
+            });                                                                                  \
+    }
+
+GROUPED_KERNELS(f32, T_F32)
+GROUPED_KERNELS(q4_k, T_Q4_K)
+GROUPED_KERNELS(q8_0, T_Q8_0)

@@ -1,14 +1,19 @@
 // Element-wise and row-wise operations of the forward pass, all on f32 activations.
 
-// One block per row: out = x * rsqrt(mean(x^2) + eps) * w (in place when out == x). A row of up
-// to NORM_REGS values per thread is held in registers with its weights, all loaded at once, so
-// the row's loads and the weights' overlap instead of each waiting for the one before (decode
-// normalizes single rows, where those waits were the kernel's time); wider rows loop. Either way
-// each thread sums the same values in the same order.
+// One block per row: out = x * rsqrt(mean(x^2) + eps) * w (in place when out == x), after
+// x += add when `add` is given (the residual sum written back to x, then normalized: one launch
+// for the two). A row of up to NORM_REGS values per thread is held in registers with its
+// weights, all loaded at once, so the row's loads and the weights' overlap instead of each
+// waiting for the one before (decode normalizes single rows, where those waits were the
+// kernel's time); wider rows loop. Either way each thread sums the same values in the same
+// order. With `xq`, held rows of a multiple of 32 values (blocks of 256 threads) are also
+// written quantized as quantize_x would quantize `out` (the same bits): each warp holds 32
+// consecutive values per register, one quantization chunk.
 #define NORM_REGS 16
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int width,
-                                    float eps) {
-    const float* xr = x + (i64)blockIdx.x * width;
+extern "C" __global__ void rms_norm(float* x, const float* add, const float* w, float* out,
+                                    int width, float eps, u8* xq) {
+    float* xr = x + (i64)blockIdx.x * width;
+    const float* ar = add ? add + (i64)blockIdx.x * width : nullptr;
     float* orow = out + (i64)blockIdx.x * width;
     const bool held = width <= NORM_REGS * (int)blockDim.x;
     float v[NORM_REGS], g[NORM_REGS];
@@ -19,11 +24,23 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
             const int i = threadIdx.x + j * blockDim.x;
             v[j] = i < width ? xr[i] : 0.0f;
             g[j] = i < width ? w[i] : 0.0f;
+            if (ar && i < width) v[j] += ar[i];
+        }
+        if (ar) {
+#pragma unroll
+            for (int j = 0; j < NORM_REGS; j++) {
+                const int i = threadIdx.x + j * blockDim.x;
+                if (i < width) xr[i] = v[j];
+            }
         }
 #pragma unroll
         for (int j = 0; j < NORM_REGS; j++) s += v[j] * v[j];
     } else {
-        for (int i = threadIdx.x; i < width; i += blockDim.x) s += xr[i] * xr[i];
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            const float a = ar ? xr[i] + ar[i] : xr[i];
+            if (ar) xr[i] = a;
+            s += a * a;
+        }
     }
     __shared__ float part[32];
     s = warp_sum(s);
@@ -42,8 +59,103 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
             const int i = threadIdx.x + j * blockDim.x;
             if (i < width) orow[i] = v[j] * scale * g[j];
         }
+        if (xq) {
+            u8* qrow = xq + (i64)blockIdx.x * xq_stride(width);
+            const int lane = threadIdx.x % WARP;
+#pragma unroll
+            for (int j = 0; j < NORM_REGS; j++) {
+                const int i = threadIdx.x + j * blockDim.x;
+                // the warp's chunk is wholly in the row or wholly past it
+                if (i - lane < width) {
+                    const float o = v[j] * scale * g[j];
+                    const float amax = warp_max(fabsf(o));
+                    const float d = amax / 127.0f;
+                    const int q = amax == 0.0f ? 0 : (int)rintf(o / d);
+                    qrow[i] = (u8)(signed char)q;
+                    const float sum = warp_sum((float)q);
+                    if (lane == 0) ((float2*)(qrow + width))[i / 32] = make_float2(d, d * sum);
+                }
+            }
+        }
     } else {
+        // each thread reads back only the values it wrote
         for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+    }
+}
+
+// The end of attention's projections for (head, token) = (blockIdx.x, blockIdx.y), in one
+// launch: heads [0, hq) are queries (in q), [hq, hq + hkv) keys (in k), [hq + hkv, hq + 2 hkv)
+// values (in v, hv wide). Query and key heads get their RMS norm when qn / kn is given (weights
+// hd wide), RoPE on their first n_rot values as `rope` computes it, and queries are then scaled
+// by q_scale in place; keys and values go into cache cell cells[t] as f16 (rows of hkv heads).
+// The same results as rms_norm, rope, scale and kv_store in turn. Block of 128 threads.
+extern "C" __global__ void attn_prologue(float* q, const float* k, const float* v,
+                                         const float* qn, const float* kn, const int* pos,
+                                         const int* cells, u16* k_cache, u16* v_cache, int hq,
+                                         int hkv, int hd, int hv, int n_rot, float base,
+                                         float freq_scale, int neox, float eps, float q_scale) {
+    __shared__ float row[256];
+    __shared__ float part[4];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int cell = cells[t];
+    if (h >= hq + hkv) {
+        const int vh = h - hq - hkv;
+        const float* src = v + ((i64)t * hkv + vh) * hv;
+        u16* dst = v_cache + (i64)cell * hkv * hv + (i64)vh * hv;
+        for (int i = threadIdx.x; i < hv; i += blockDim.x) dst[i] = f2h(src[i]);
+        return;
+    }
+    const bool is_q = h < hq;
+    const float* src = is_q ? q + ((i64)t * hq + h) * hd : k + ((i64)t * hkv + (h - hq)) * hd;
+    const float* nw = is_q ? qn : kn;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float a = src[i];
+        row[i] = a;
+        s += a * a;
+    }
+    if (nw) {
+        s = warp_sum(s);
+        if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
+    }
+    __syncthreads();
+    if (nw) {
+        float tot = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / WARP; w++) tot += part[w];
+        const float scale = rsqrtf(tot / hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) row[i] = row[i] * scale * nw[i];
+        __syncthreads();
+    }
+    const float theta_scale = powf(base, -2.0f / n_rot);
+    const float sq = is_q ? q_scale : 1.0f;
+    float* qdst = q + ((i64)t * hq + h) * hd;
+    u16* kdst = k_cache + (i64)cell * hkv * hd + (i64)(h - hq) * hd;
+    for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+        int a, b;
+        float y0, y1;
+        if (i < n_rot / 2) {
+            const float theta = freq_scale * (float)pos[t] * powf(theta_scale, (float)i);
+            float sn, cs;
+            sincosf(theta, &sn, &cs);
+            a = neox ? i : 2 * i;
+            b = neox ? i + n_rot / 2 : 2 * i + 1;
+            const float x0 = row[a], x1 = row[b];
+            y0 = x0 * cs - x1 * sn;
+            y1 = x0 * sn + x1 * cs;
+        } else {
+            // past the rotated dims: the values as they are, two at a time
+            a = 2 * i;
+            b = 2 * i + 1;
+            y0 = row[a];
+            y1 = row[b];
+        }
+        if (is_q) {
+            qdst[a] = y0 * sq;
+            qdst[b] = y1 * sq;
+        } else {
+            kdst[a] = f2h(y0);
+            kdst[b] = f2h(y1);
+        }
     }
 }
 
@@ -190,13 +302,15 @@ extern "C" __global__ void route(const float* logits, int ne, int k, int norm, f
     }
 }
 
-// out[t] = sum over slots s of w[t k + s] * y[t k + s] (rows of `width`).
+// out[t] = sum over slots s of w[t k + s] * y[t k + s] (rows of `width`), or that sum added
+// to out[t] when `accumulate` (the residual stream's add, in the same launch).
 extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, int k,
-                                       int width) {
+                                       int width, int accumulate) {
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= width) return;
     float s = 0.0f;
     for (int j = 0; j < k; j++) s += w[t * k + j] * y[((i64)t * k + j) * width + i];
-    out[(i64)t * width + i] = s;
+    float* o = out + (i64)t * width + i;
+    *o = accumulate ? *o + s : s;
 }

@@ -25,7 +25,7 @@ use super::tier::split::{by_use, Split};
 use super::weights::Tensor;
 use super::{Batch, EngineError, EngineParams, Forward, SeqId, SeqState};
 use crate::backend::cpu::ThreadPool;
-use crate::backend::cuda::ops::{self, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
+use crate::backend::cuda::ops::{self, Input, MAX_EXPERTS, MAX_HEAD_DIM, MMV_MAX};
 use crate::backend::cuda::{
     page_spans, Buf, Cuda, CudaError, DevBuf, DevMatrix, Event, Gpu, Graph, Pinned, RowMove,
 };
@@ -299,6 +299,9 @@ struct GpuLayer {
 struct Scratch {
     x: DevBuf,
     cur: DevBuf,
+    /// `cur` quantized for the decode products, made by the norm that writes `cur` (see
+    /// [`cur_input`])
+    cur_q: DevBuf,
     q: DevBuf,
     k: DevBuf,
     v: DevBuf,
@@ -768,6 +771,7 @@ impl GpuModel {
         let s = Scratch {
             x: f(nub * e)?,
             cur: f(nub * e)?,
+            cur_q: cuda.gpu.alloc(Cuda::quantized_x_bytes(MMV_MAX, e))?,
             q: f(nub * nq)?,
             k: f(nub * nkv)?,
             v: f(nub * nv)?,
@@ -1230,42 +1234,48 @@ impl GpuModel {
         let x = io.x;
         // the attention half (a host layer's graph segment ends after its routing)
         if matches!(part, Part::Whole | Part::Head) {
-            c.rms_norm(x, l.attn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
-            c.matmul(&l.wq, 0, s.cur.ptr(), n, s.q.ptr())?;
-            c.matmul(&l.wk, 0, s.cur.ptr(), n, s.k.ptr())?;
-            c.matmul(&l.wv, 0, s.cur.ptr(), n, s.v.ptr())?;
+            let input = c.add_rms_norm(
+                x,
+                0,
+                l.attn_norm.ptr(),
+                s.cur.ptr(),
+                s.cur_q.ptr(),
+                n,
+                e,
+                hp.eps,
+            )?;
+            c.matmul3(
+                [&l.wq, &l.wk, &l.wv],
+                input,
+                n,
+                [s.q.ptr(), s.k.ptr(), s.v.ptr()],
+            )?;
             for (x, b, width) in [(&s.q, &l.bq, nq), (&s.k, &l.bk, nkv), (&s.v, &l.bv, nv)] {
                 if let Some(b) = b {
                     c.add_bias(x.ptr(), b.ptr(), width, n * width)?;
                 }
             }
-            if let Some(w) = &l.q_norm {
-                c.rms_norm(s.q.ptr(), w.ptr(), s.q.ptr(), n * hp.n_head, hk, hp.eps)?;
-            }
-            if let Some(w) = &l.k_norm {
-                c.rms_norm(s.k.ptr(), w.ptr(), s.k.ptr(), n * hp.n_head_kv, hk, hp.eps)?;
-            }
-            for (x, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
-                c.rope(
-                    x.ptr(),
-                    pos,
-                    n,
-                    heads,
-                    hk,
-                    hp.n_rot,
-                    l.rope_base,
-                    l.rope_scale,
-                    neox,
-                )?;
-            }
-            let kq_scale = if spec.scale_q {
-                c.scale(s.q.ptr(), q_scale, n * nq)?;
-                1.0
+            // queries scaled before attention, or the scale applied to the scores
+            let (kq_scale, q_mul) = if spec.scale_q {
+                (1.0, q_scale)
             } else {
-                q_scale
+                (q_scale, 1.0)
             };
-            c.kv_store(s.k.ptr(), l.k_cache.ptr(), cells, nkv, n)?;
-            c.kv_store(s.v.ptr(), l.v_cache.ptr(), cells, nv, n)?;
+            let norm = |w: &Option<DevBuf>| w.as_ref().map_or(0, |w| w.ptr());
+            c.attn_prologue(
+                [s.q.ptr(), s.k.ptr(), s.v.ptr()],
+                [norm(&l.q_norm), norm(&l.k_norm)],
+                [pos, cells],
+                [l.k_cache.ptr(), l.v_cache.ptr()],
+                n,
+                (hp.n_head, hp.n_head_kv),
+                (hk, hv),
+                hp.n_rot,
+                (l.rope_base, l.rope_scale),
+                neox,
+                hp.eps,
+                q_mul,
+            )?;
             let n_swa = if l.swa { hp.n_swa } else { 0 };
             for &span in spans {
                 match span {
@@ -1309,9 +1319,20 @@ impl GpuModel {
             if let Some(w) = &l.post_attn_norm {
                 c.rms_norm(s.o.ptr(), w.ptr(), s.o.ptr(), n, e, hp.eps)?;
             }
-            c.add(x, s.o.ptr(), n * e)?;
-            c.rms_norm(x, l.ffn_norm.ptr(), s.cur.ptr(), n, e, hp.eps)?;
+            let input = c.add_rms_norm(
+                x,
+                s.o.ptr(),
+                l.ffn_norm.ptr(),
+                s.cur.ptr(),
+                s.cur_q.ptr(),
+                n,
+                e,
+                hp.eps,
+            )?;
+            debug_assert_eq!(input, cur_input(s, n, e));
         }
+        // whether the FFN's output was added to x already
+        let mut added = false;
         match &l.ffn {
             GpuFfn::Dense { .. } if part != Part::Whole => {
                 return Err(CudaError(format!(
@@ -1342,9 +1363,23 @@ impl GpuModel {
                     side,
                     share,
                 });
+                // without a norm after the FFN, its sum goes straight into the residual stream
+                let into_x = l.post_ffn_norm.is_none();
+                let out = if into_x { x } else { s.ffn.ptr() };
                 moe(
-                    c, hp, spec.act, router, mats, on_host, s, n, host_ints, part,
+                    c,
+                    hp,
+                    spec.act,
+                    router,
+                    mats,
+                    on_host,
+                    s,
+                    n,
+                    host_ints,
+                    part,
+                    (out, into_x),
                 )?;
+                added = into_x;
                 let round_trip = matches!(part, Part::Whole | Part::Host);
                 if let (true, true, Some(t), Some(side)) =
                     (hosted, round_trip, tier.as_mut(), host.as_ref())
@@ -1353,7 +1388,7 @@ impl GpuModel {
                 }
             }
         }
-        if !matches!(part, Part::Whole | Part::Tail) {
+        if added || !matches!(part, Part::Whole | Part::Tail) {
             return Ok(());
         }
         if let Some(w) = &l.post_ffn_norm {
@@ -1383,8 +1418,9 @@ struct HostExperts<'a> {
     share: Option<&'a mut CardShare>,
 }
 
-/// The mixture-of-experts FFN of `n` tokens in `s.cur` into `s.ffn`: the experts in `mats` on
-/// the card, and those without a slot (when `host` says which) on the CPU meanwhile.
+/// The mixture-of-experts FFN of `n` tokens in `s.cur` into `out.0` (added to it when `out.1`):
+/// the experts in `mats` on the card, and those without a slot (when `host` says which) on the
+/// CPU meanwhile.
 #[allow(clippy::too_many_arguments)]
 fn moe(
     c: &mut Cuda,
@@ -1397,6 +1433,7 @@ fn moe(
     n: usize,
     lists: &mut Vec<i32>,
     part: Part,
+    (out, accumulate): (u64, bool),
 ) -> Result<(), CudaError> {
     let (ne, k, nf, e) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_embd);
     let gelu = act == Act::Gelu;
@@ -1418,7 +1455,7 @@ fn moe(
                 return Ok(());
             }
         }
-        Part::Tail => return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e),
+        Part::Tail => return c.moe_combine(s.moe_y.ptr(), w, out, accumulate, n, k, e),
         Part::Host => {}
     }
     let Some(h) = host else {
@@ -1433,7 +1470,7 @@ fn moe(
             c.gpu.download(&mut chosen, ids)?;
             card_groups(c, mats, &chosen, s, n, k, gelu, lists)?;
         }
-        return c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e);
+        return c.moe_combine(s.moe_y.ptr(), w, out, accumulate, n, k, e);
     };
     let (side, share) = (h.side, h.share);
     let t0 = std::time::Instant::now();
@@ -1538,7 +1575,7 @@ fn moe(
     if part == Part::Host {
         return Ok(());
     }
-    c.moe_combine(s.moe_y.ptr(), w, s.ffn.ptr(), n, k, e)
+    c.moe_combine(s.moe_y.ptr(), w, out, accumulate, n, k, e)
 }
 
 /// Queues the copies of host experts `sent` (of `tensors`, each stacking `ne`) into the share
@@ -1575,6 +1612,15 @@ fn share_experts(
 /// Decode-sized expert products: pair `p` of the `n * k` multiplies by expert `ids[p]` of
 /// `mats` (pairs with a negative id are skipped), into row `p` of `s.moe_y`.
 #[allow(clippy::too_many_arguments)]
+/// The FFN's input `s.cur` of `n` tokens of `e` values, with the 8-bit copy the FFN norm made
+/// in `s.cur_q` when it made one ([`ops::norm_quantizes`]).
+fn cur_input(s: &Scratch, n: usize, e: usize) -> Input {
+    Input {
+        x: s.cur.ptr(),
+        q8: ops::norm_quantizes(n, e).then(|| s.cur_q.ptr()),
+    }
+}
+
 fn card_pairs(
     c: &mut Cuda,
     [gate, up, down]: &[DevMatrix; 3],
@@ -1587,7 +1633,7 @@ fn card_pairs(
     c.matmul_id_glu(
         [gate, up],
         ids,
-        s.cur.ptr(),
+        cur_input(s, n, gate.k),
         k,
         n * k,
         [s.gate.ptr(), s.up.ptr()],

@@ -256,6 +256,43 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
                 limit: if n > super::ops::MMV_MAX { 3e-3 } else { 1e-5 },
             });
         }
+        // three matrices over one input in one launch (a layer's q, k and v): experts 0 and 2
+        // whole and the first 30 rows of expert 1
+        if super::ops::grouped(ty, k) {
+            let rb = mat.row_bytes;
+            let e = rows * rb;
+            let parts = [(0, rows), (e, 30), (2 * e, rows)];
+            let ms = parts
+                .iter()
+                .map(|&(at, r)| c.upload_matrix(&data[at..at + r * rb], ty, k, r, 1))
+                .collect::<Result<Vec<_>, _>>()?;
+            for n in [1usize, 3] {
+                let x = rng.vec(n * k);
+                let xd = up(c, &x)?;
+                let ys = parts
+                    .iter()
+                    .map(|&(_, r)| poisoned(c, n * r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                c.matmul3(
+                    [&ms[0], &ms[1], &ms[2]],
+                    xd.ptr().into(),
+                    n,
+                    [ys[0].ptr(), ys[1].ptr(), ys[2].ptr()],
+                )?;
+                let xp = product_x(ty, &x);
+                let (mut got, mut reference) = (Vec::new(), Vec::new());
+                for (j, &(_, r)) in parts.iter().enumerate() {
+                    got.extend(down(c, ys[j].ptr(), n * r)?);
+                    let first = j * rows * k;
+                    reference.extend(matvec_ref(&w[first..first + r * k], k, &xp));
+                }
+                out.push(Outcome {
+                    name: format!("matmul3 {name} n={n}"),
+                    rel_err: rel_err(&got, &reference),
+                    limit: 1e-5,
+                });
+            }
+        }
         // every expert from the second on its own group of rows, in one batched product
         let (m, count) = (5, ne - 1);
         let x = rng.vec(count * m * k);
@@ -310,7 +347,7 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
             c.matmul_id_glu(
                 [&mat, &shifted],
                 idd.ptr(),
-                xd.ptr(),
+                xd.ptr().into(),
                 2,
                 pairs,
                 [g.ptr(), u.ptr()],
@@ -364,6 +401,87 @@ fn ops(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
             limit: 1e-6,
         });
     }
+    // the residual sum and the norm in one launch, and the normalized rows quantized there
+    // (when they fit: not 5000 wide)
+    for (rows, width) in [(1, 2048), (3, 4096), (3, 5000)] {
+        let (x, a, w) = (rng.vec(rows * width), rng.vec(rows * width), rng.vec(width));
+        let (xd, ad, wd, o) = (
+            up(c, &x)?,
+            up(c, &a)?,
+            up(c, &w)?,
+            poisoned(c, rows * width)?,
+        );
+        let xq = c.gpu.alloc(Cuda::quantized_x_bytes(rows, width))?;
+        let input = c.add_rms_norm(
+            xd.ptr(),
+            ad.ptr(),
+            wd.ptr(),
+            o.ptr(),
+            xq.ptr(),
+            rows,
+            width,
+            1e-6,
+        )?;
+        if let Some(q8) = input.q8 {
+            // quantize_x's rounding of the rows the kernel wrote, compared exactly
+            let normed = down(c, o.ptr(), rows * width)?;
+            let stride = Cuda::quantized_x_bytes(1, width);
+            let mut bytes = vec![0u8; rows * stride];
+            c.gpu.download(&mut bytes, q8)?;
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            for (r, row) in normed.chunks(width).enumerate() {
+                let qrow = &bytes[r * stride..(r + 1) * stride];
+                for (ci, chunk) in row.chunks(32).enumerate() {
+                    let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let qs: Vec<f32> = chunk
+                        .iter()
+                        .map(|&v| {
+                            if amax == 0.0 {
+                                0.0
+                            } else {
+                                (v / d).round_ties_even()
+                            }
+                        })
+                        .collect();
+                    let sum: f32 = qs.iter().sum();
+                    want.extend(qs.iter().map(|&q| q as f64));
+                    want.extend([d as f64, (d * sum) as f64]);
+                    got.extend(qrow[32 * ci..32 * ci + 32].iter().map(|&b| b as i8 as f32));
+                    let at = width + 8 * ci;
+                    let f = |o: usize| f32::from_le_bytes(qrow[o..o + 4].try_into().unwrap());
+                    got.extend([f(at), f(at + 4)]);
+                }
+            }
+            out.push(Outcome {
+                name: format!("add_rms_norm {rows} x {width} quantized"),
+                rel_err: rel_err(&got, &want),
+                limit: 0.0,
+            });
+        } else if width <= 4096 {
+            out.push(Outcome {
+                name: format!("add_rms_norm {rows} x {width}: no quantized rows"),
+                rel_err: f64::INFINITY,
+                limit: 0.0,
+            });
+        }
+        let sum: Vec<f32> = x.iter().zip(&a).map(|(p, q)| p + q).collect();
+        out.push(Outcome {
+            name: format!("add_rms_norm {rows} x {width}"),
+            rel_err: rel_err(
+                &down(c, o.ptr(), rows * width)?,
+                &ref_rms_norm(&sum, &w, 1e-6),
+            ),
+            limit: 1e-6,
+        });
+        let exact: Vec<f64> = sum.iter().map(|&v| v as f64).collect();
+        out.push(Outcome {
+            name: format!("add_rms_norm {rows} x {width} sum"),
+            rel_err: rel_err(&down(c, xd.ptr(), rows * width)?, &exact),
+            limit: 0.0,
+        });
+    }
+    out.extend(prologue_checks(c, rng)?);
     // RoPE, both layouts, partial rotation
     let (n, heads, hd) = (3, 4, 128);
     let pos = [0i32, 7, 1000];
@@ -403,6 +521,107 @@ fn ops(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
     out.push(route_check(c, rng, 128, 8)?);
     out.push(route_check(c, rng, 160, 40)?);
     out.extend(attention_checks(c, rng)?);
+    Ok(out)
+}
+
+/// `attn_prologue` against norm, RoPE, scale and f16 rounding in turn: 3 tokens at positions 0,
+/// 7 and 1000 stored into cells 5, 0 and 3 of an 8-cell cache.
+fn prologue_checks(c: &mut Cuda, rng: &mut Rand) -> Result<Vec<Outcome>, CudaError> {
+    let mut out = Vec::new();
+    let (n, hq, hkv, cells_n) = (3usize, 4usize, 2usize, 8usize);
+    let (pos, cells) = ([0i32, 7, 1000], [5i32, 0, 3]);
+    let (pd, cd) = (c.gpu.alloc(12)?, c.gpu.alloc(12)?);
+    c.gpu.upload(pd.ptr(), &pos)?;
+    c.gpu.upload(cd.ptr(), &cells)?;
+    for (hd, hv, n_rot, neox, normed) in [
+        (128, 128, 128, true, true),
+        (256, 256, 256, false, true),
+        (64, 96, 32, true, false),
+    ] {
+        let (q, k, v) = (
+            rng.vec(n * hq * hd),
+            rng.vec(n * hkv * hd),
+            rng.vec(n * hkv * hv),
+        );
+        let (qn, kn) = (rng.vec(hd), rng.vec(hd));
+        let (qd, kd, vd) = (up(c, &q)?, up(c, &k)?, up(c, &v)?);
+        let (qnd, knd) = (up(c, &qn)?, up(c, &kn)?);
+        let kc = c.gpu.alloc(2 * cells_n * hkv * hd)?;
+        let vc = c.gpu.alloc(2 * cells_n * hkv * hv)?;
+        let q_scale = 0.125f32;
+        let norms = if normed {
+            [qnd.ptr(), knd.ptr()]
+        } else {
+            [0, 0]
+        };
+        c.attn_prologue(
+            [qd.ptr(), kd.ptr(), vd.ptr()],
+            norms,
+            [pd.ptr(), cd.ptr()],
+            [kc.ptr(), vc.ptr()],
+            n,
+            (hq, hkv),
+            (hd, hv),
+            n_rot,
+            (10000.0, 1.0),
+            neox,
+            1e-6,
+            q_scale,
+        )?;
+        // the reference: per-head norm, then RoPE at each row's position
+        let heads = |x: &[f32], h: usize, nw: &[f32]| -> Vec<f64> {
+            let normed_x: Vec<f32> = if normed {
+                ref_rms_norm(x, nw, 1e-6)
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect()
+            } else {
+                x.to_vec()
+            };
+            let row_pos: Vec<i32> = pos.iter().flat_map(|&p| vec![p; h]).collect();
+            ref_rope(&normed_x, &row_pos, hd, n_rot, 10000.0, neox)
+        };
+        let q_ref: Vec<f64> = heads(&q, hq, &qn)
+            .iter()
+            .map(|v| v * q_scale as f64)
+            .collect();
+        let tag = format!("hd={hd} hv={hv} n_rot={n_rot} neox={neox} norm={normed}");
+        out.push(Outcome {
+            name: format!("attn_prologue q {tag}"),
+            rel_err: rel_err(&down(c, qd.ptr(), q.len())?, &q_ref),
+            limit: 1e-4,
+        });
+        // the cells written, read back from the f16 caches
+        let cache_rows = |ptr: u64, width: usize| -> Result<Vec<f32>, CudaError> {
+            let mut all = vec![0u16; cells_n * width];
+            c.gpu.download(&mut all, ptr)?;
+            Ok(cells
+                .iter()
+                .flat_map(|&cell| {
+                    let at = cell as usize * width;
+                    all[at..at + width].iter().map(|&h| f16_to_f32(h))
+                })
+                .collect())
+        };
+        let k_ref: Vec<f64> = heads(&k, hkv, &kn)
+            .iter()
+            .map(|&v| f16_to_f32(f32_to_f16(v as f32)) as f64)
+            .collect();
+        out.push(Outcome {
+            name: format!("attn_prologue k {tag}"),
+            rel_err: rel_err(&cache_rows(kc.ptr(), hkv * hd)?, &k_ref),
+            limit: 1e-3,
+        });
+        let v_ref: Vec<f64> = v
+            .iter()
+            .map(|&x| f16_to_f32(f32_to_f16(x)) as f64)
+            .collect();
+        out.push(Outcome {
+            name: format!("attn_prologue v {tag}"),
+            rel_err: rel_err(&cache_rows(vc.ptr(), hkv * hv)?, &v_ref),
+            limit: 0.0,
+        });
+    }
     Ok(out)
 }
 

@@ -69,6 +69,8 @@ struct PerType {
     mmv_id_glu: CudaFunction,
     deq_f16: CudaFunction,
     get_rows: CudaFunction,
+    /// Three matrices in one launch (`mmv3_*`), for the types [`grouped`] names.
+    mmv3: Option<CudaFunction>,
 }
 
 struct Fns {
@@ -89,6 +91,7 @@ struct Fns {
     moe_combine: CudaFunction,
     attn: CudaFunction,
     quantize_x: CudaFunction,
+    attn_prologue: CudaFunction,
 }
 
 /// How [`Cuda::move_rows`] uses its index list.
@@ -150,6 +153,55 @@ pub fn reads_q8(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q8_0)
 }
 
+/// A product's input: f32 rows at `x`, and their 8-bit copy for the decode products when one
+/// was made with them ([`Cuda::add_rms_norm`] with a quantized output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Input {
+    pub x: u64,
+    pub q8: Option<u64>,
+}
+
+impl From<u64> for Input {
+    fn from(x: u64) -> Input {
+        Input { x, q8: None }
+    }
+}
+
+/// Whether [`Cuda::add_rms_norm`] can quantize `rows` rows of `width` as it normalizes them
+/// (rows held in the kernel's registers, whole 32-value chunks; a decode step's rows).
+pub fn norm_quantizes(rows: usize, width: usize) -> bool {
+    rows <= MMV_MAX && width.is_multiple_of(32) && width <= 16 * 256
+}
+
+/// Whether decode products over `ty` rows of `k` run with a group of warps per row
+/// (`grouped` and `mmv_group` in kernels/matvec.cu): F32 and the types that read quantized input,
+/// rows of whole 16-weight items.
+pub fn grouped(ty: GgmlType, k: usize) -> bool {
+    (ty == GgmlType::F32 || reads_q8(ty)) && k.is_multiple_of(16)
+}
+
+/// Warps per row of a grouped product: about one 16-weight item a thread, at most the block's
+/// four warps.
+fn warps_per_row(k: usize) -> u32 {
+    match k / 16 {
+        0..=32 => 1,
+        33..=64 => 2,
+        _ => 4,
+    }
+}
+
+/// The grid's x size and the kernels' last argument for a decode product of `rows` rows of
+/// `w`: a group of warps per row (the argument its warps) or `rows_per_warp` rows per warp.
+fn mmv_shape(w: &DevMatrix, rows: usize, all_rows: usize) -> (u32, u32) {
+    if grouped(w.ty, w.k) {
+        let g = warps_per_row(w.k);
+        (blocks(rows, MMV_WARPS / g), g)
+    } else {
+        let rpw = rows_per_warp(all_rows);
+        (blocks(rows, MMV_WARPS * rpw), rpw)
+    }
+}
+
 /// Rows each warp of a matrix-vector product takes for `rows` rows in all: enough warps to keep
 /// every multiprocessor's copies in flight (about 2048), and otherwise several rows per warp so
 /// the next row's weights are copied while one is computed.
@@ -184,6 +236,11 @@ impl Cuda {
                     mmv_id_glu: gpu.function(&format!("mmv_id_glu_{n}"))?,
                     deq_f16: gpu.function(&format!("deq_f16_{n}"))?,
                     get_rows: gpu.function(&format!("get_rows_{n}"))?,
+                    mmv3: if grouped(ty, 16) {
+                        Some(gpu.function(&format!("mmv3_{n}"))?)
+                    } else {
+                        None
+                    },
                 },
             );
         }
@@ -205,6 +262,7 @@ impl Cuda {
             moe_combine: gpu.function("moe_combine")?,
             attn: gpu.function("attn_f16")?,
             quantize_x: gpu.function("quantize_x")?,
+            attn_prologue: gpu.function("attn_prologue")?,
         };
         let scratch = (0..N_BUF).map(|_| gpu.alloc(0)).collect::<Result<_, _>>()?;
         Ok(Cuda {
@@ -284,10 +342,14 @@ impl Cuda {
     /// The input of a decode product over `w`: `x` itself, or for Q4_K and Q8_0 weights its
     /// `rows` rows quantized into [`Buf::Xq`] (which must already be large enough when a graph
     /// is being captured: the engine sizes it at load).
-    fn product_input(&mut self, w: &DevMatrix, x: u64, rows: usize) -> Result<u64, CudaError> {
+    fn product_input(&mut self, w: &DevMatrix, x: Input, rows: usize) -> Result<u64, CudaError> {
         if !reads_q8(w.ty) {
-            return Ok(x);
+            return Ok(x.x);
         }
+        if let Some(q) = x.q8 {
+            return Ok(q);
+        }
+        let x = x.x;
         let out = self.buf(Buf::Xq, Self::quantized_x_bytes(rows, w.k))?;
         let chunks = (w.k / 32) as u32;
         self.gpu.launch(
@@ -336,12 +398,12 @@ impl Cuda {
     ) -> Result<(), CudaError> {
         let base = w.buf.at(expert * w.expert_bytes());
         if n <= MMV_MAX {
-            let x = self.product_input(w, x, n)?;
+            let x = self.product_input(w, x.into(), n)?;
             let f = &self.kernels(w.ty)?.mmv;
-            let rpw = rows_per_warp(w.rows);
+            let (gx, rpw) = mmv_shape(w, w.rows, w.rows);
             return self.gpu.launch(
                 f,
-                (blocks(w.rows, MMV_WARPS * rpw), 1, 1),
+                (gx, 1, 1),
                 32 * MMV_WARPS,
                 0,
                 &[
@@ -375,6 +437,56 @@ impl Cuda {
             })?;
         }
         Ok(())
+    }
+
+    /// `y_j = W_j x` for the three matrices of `ws` (expert 0 each) over the same `n` input
+    /// rows: one launch and one quantization of x when they share a grouped type and row
+    /// layout and `n` is a decode product's, else three products.
+    pub fn matmul3(
+        &mut self,
+        ws: [&DevMatrix; 3],
+        x: Input,
+        n: usize,
+        ys: [u64; 3],
+    ) -> Result<(), CudaError> {
+        let w = ws[0];
+        let one = ws
+            .iter()
+            .all(|m| m.ty == w.ty && m.k == w.k && m.row_bytes == w.row_bytes);
+        if !(one && n <= MMV_MAX && grouped(w.ty, w.k)) {
+            for (m, y) in ws.into_iter().zip(ys) {
+                self.matmul(m, 0, x.x, n, y)?;
+            }
+            return Ok(());
+        }
+        let x = self.product_input(w, x, n)?;
+        let Some(f) = &self.kernels(w.ty)?.mmv3 else {
+            return Err(CudaError(format!("no mmv3 kernel for {}", w.ty.name())));
+        };
+        let rows: usize = ws.iter().map(|m| m.rows).sum();
+        let (gx, g) = mmv_shape(w, rows, rows);
+        self.gpu.launch(
+            f,
+            (gx, 1, 1),
+            32 * MMV_WARPS,
+            0,
+            &[
+                Arg::Ptr(ws[0].buf.ptr()),
+                Arg::Ptr(ws[1].buf.ptr()),
+                Arg::Ptr(ws[2].buf.ptr()),
+                Arg::I64(w.row_bytes as i64),
+                i32_of(w.k),
+                i32_of(ws[0].rows),
+                i32_of(ws[1].rows),
+                i32_of(ws[2].rows),
+                Arg::Ptr(x),
+                i32_of(n),
+                Arg::Ptr(ys[0]),
+                Arg::Ptr(ys[1]),
+                Arg::Ptr(ys[2]),
+                Arg::I32(g as i32),
+            ],
+        )
     }
 
     /// Experts `[e0, e0 + count)` of `w`, each on its own group of `m` f16 input rows: the
@@ -416,12 +528,12 @@ impl Cuda {
         pairs: usize,
         y: u64,
     ) -> Result<(), CudaError> {
-        let x = self.product_input(w, x, pairs.div_ceil(x_div))?;
+        let x = self.product_input(w, x.into(), pairs.div_ceil(x_div))?;
         let f = &self.kernels(w.ty)?.mmv_id;
-        let rpw = rows_per_warp(w.rows * pairs);
+        let (gx, rpw) = mmv_shape(w, w.rows, w.rows * pairs);
         self.gpu.launch(
             f,
-            (blocks(w.rows, MMV_WARPS * rpw), pairs as u32, 1),
+            (gx, pairs as u32, 1),
             32 * MMV_WARPS,
             0,
             &[
@@ -447,23 +559,23 @@ impl Cuda {
         &mut self,
         [gate, up]: [&DevMatrix; 2],
         ids: u64,
-        x: u64,
+        x: Input,
         x_div: usize,
         pairs: usize,
         [g, u]: [u64; 2],
         gelu: bool,
     ) -> Result<(), CudaError> {
         if gate.ty != up.ty || gate.row_bytes != up.row_bytes || gate.rows != up.rows {
-            self.matmul_id(gate, ids, x, x_div, pairs, g)?;
-            self.matmul_id(up, ids, x, x_div, pairs, u)?;
+            self.matmul_id(gate, ids, x.x, x_div, pairs, g)?;
+            self.matmul_id(up, ids, x.x, x_div, pairs, u)?;
             return self.glu(g, u, pairs * gate.rows, gelu);
         }
         let x = self.product_input(gate, x, pairs.div_ceil(x_div))?;
         let f = &self.kernels(gate.ty)?.mmv_id_glu;
-        let rpw = rows_per_warp(gate.rows * pairs);
+        let (gx, rpw) = mmv_shape(gate, gate.rows, gate.rows * pairs);
         self.gpu.launch(
             f,
-            (blocks(gate.rows, MMV_WARPS * rpw), pairs as u32, 1),
+            (gx, pairs as u32, 1),
             32 * MMV_WARPS,
             0,
             &[
@@ -510,6 +622,26 @@ impl Cuda {
         width: usize,
         eps: f32,
     ) -> Result<(), CudaError> {
+        self.add_rms_norm(x, 0, w, out, 0, rows, width, eps)?;
+        Ok(())
+    }
+
+    /// `x += add` (when `add` is not 0), then `out = rms_norm(x) * w`, in one launch. With `xq`
+    /// (not 0, [`Cuda::quantized_x_bytes`] of the rows) and rows [`norm_quantizes`] takes, the
+    /// rows are also quantized there for the decode products; the returned input says whether.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &self,
+        x: u64,
+        add: u64,
+        w: u64,
+        out: u64,
+        xq: u64,
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<Input, CudaError> {
+        let xq = if norm_quantizes(rows, width) { xq } else { 0 };
         self.gpu.launch(
             &self.f.rms_norm,
             (rows as u32, 1, 1),
@@ -517,12 +649,18 @@ impl Cuda {
             0,
             &[
                 Arg::Ptr(x),
+                Arg::Ptr(add),
                 Arg::Ptr(w),
                 Arg::Ptr(out),
                 i32_of(width),
                 Arg::F32(eps),
+                Arg::Ptr(xq),
             ],
-        )
+        )?;
+        Ok(Input {
+            x: out,
+            q8: (xq != 0).then_some(xq),
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -639,6 +777,60 @@ impl Cuda {
     }
 
     /// Row `t` of `src` into cache cell `cells[t]` as f16.
+    /// The end of attention's projections for `n` tokens in one launch (`attn_prologue` in
+    /// kernels/ops.cu): query and key heads normalized by `qn` / `kn` when given (0 when not),
+    /// RoPE on both, queries scaled by `q_scale` in place, keys and values stored into their
+    /// cells of the f16 caches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_prologue(
+        &self,
+        [q, k, v]: [u64; 3],
+        [qn, kn]: [u64; 2],
+        [pos, cells]: [u64; 2],
+        [k_cache, v_cache]: [u64; 2],
+        n: usize,
+        (hq, hkv): (usize, usize),
+        (hd, hv): (usize, usize),
+        n_rot: usize,
+        (base, freq_scale): (f32, f32),
+        neox: bool,
+        eps: f32,
+        q_scale: f32,
+    ) -> Result<(), CudaError> {
+        if hd > MAX_HEAD_DIM || hd % 2 != 0 || n_rot > hd {
+            return Err(CudaError(format!(
+                "attention heads of {hd} (rotating {n_rot}) are not supported on the card"
+            )));
+        }
+        self.gpu.launch(
+            &self.f.attn_prologue,
+            ((hq + 2 * hkv) as u32, n as u32, 1),
+            128,
+            0,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(k),
+                Arg::Ptr(v),
+                Arg::Ptr(qn),
+                Arg::Ptr(kn),
+                Arg::Ptr(pos),
+                Arg::Ptr(cells),
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                i32_of(hq),
+                i32_of(hkv),
+                i32_of(hd),
+                i32_of(hv),
+                i32_of(n_rot),
+                Arg::F32(base),
+                Arg::F32(freq_scale),
+                Arg::I32(neox as i32),
+                Arg::F32(eps),
+                Arg::F32(q_scale),
+            ],
+        )
+    }
+
     pub fn kv_store(
         &self,
         src: u64,
@@ -811,11 +1003,14 @@ impl Cuda {
     }
 
     /// `out[t] = sum_s w[t k + s] y[t k + s]`.
+    /// `out[t] (+)= sum_s w[t k + s] y[t k + s]`: added to `out` when `accumulate`.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(
         &self,
         y: u64,
         w: u64,
         out: u64,
+        accumulate: bool,
         n: usize,
         k: usize,
         width: usize,
@@ -831,6 +1026,7 @@ impl Cuda {
                 Arg::Ptr(out),
                 i32_of(k),
                 i32_of(width),
+                Arg::I32(accumulate as i32),
             ],
         )
     }
