@@ -37,9 +37,9 @@ profile() {
   shift 2
   local csv="$LOG/ncu-$name.csv"
   echo "== $name: bloomery-bench $* ${PLACE[*]:+-- ${PLACE[*]}}"
-  "$D/bloomery-bench" -m "$M" --gpu 0 -r 1 -t "$(nproc)" "$@" ${PLACE[@]:+-- "${PLACE[@]}"} 2>&1 | tail -3
+  "$D/bloomery-bench" -m "$M" --gpu 0 -r 1 --no-warmup -t "$(nproc)" "$@" ${PLACE[@]:+-- "${PLACE[@]}"} 2>&1 | tail -3
   "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    "$D/bloomery-bench" -m "$M" --gpu 0 -r 1 -t "$(nproc)" "$@" ${PLACE[@]:+-- "${PLACE[@]}"} \
+    "$D/bloomery-bench" -m "$M" --gpu 0 -r 1 --no-warmup -t "$(nproc)" "$@" ${PLACE[@]:+-- "${PLACE[@]}"} \
     >"$csv" 2>"$LOG/ncu-$name.err" || {
     echo "ncu failed; the end of its log:"
     tail -n 8 "$LOG/ncu-$name.err" "$csv"

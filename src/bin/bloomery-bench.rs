@@ -45,6 +45,12 @@ fn cli() -> Command {
         .arg(num("ubatch-size", 'u', "tokens per forward pass", "512"))
         .arg(num("repetitions", 'r', "repetitions of each test", "1"))
         .arg(
+            Arg::new("no-warmup")
+                .long("no-warmup")
+                .help("skip the untimed warmup runs before the tests (as llama-bench's --no-warmup)")
+                .action(ArgAction::SetTrue),
+        )
+        .arg(
             Arg::new("greedy")
                 .long("greedy")
                 .help(
@@ -102,15 +108,6 @@ fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result
         (params.gpu, params.card_experts) = (Some(card), experts);
     }
     let mut eng = engine::load(&gguf, &params).map_err(|e| e.to_string())?;
-    if params.gpu.is_some() {
-        // one untimed pass of each shape, so kernel loading and library start-up stay out
-        let mut b = Batch::default();
-        for i in 0..n_prompt.clamp(1, 64) {
-            b.push(i as u32 % eng.n_vocab() as u32, i as u32, 0, true);
-        }
-        eng.decode(&b, &mut Vec::new()).map_err(|e| e.to_string())?;
-        eng.seq_rm(0, 0, None);
-    }
     let n_vocab = eng.n_vocab() as u32;
     let mut logits = Vec::new();
     if let Some(ids) = m.get_one::<String>("greedy") {
@@ -144,23 +141,39 @@ fn run(path: &Path, m: &clap::ArgMatches, get: impl Fn(&str) -> usize) -> Result
         .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
     let reps = get("repetitions").max(1);
     let pseudo = |i: usize| (i as u32).wrapping_mul(2_654_435_761) % n_vocab;
+    let batch = get("batch-size").max(1);
+    let prompt: Vec<Batch> = (0..n_prompt)
+        .step_by(batch)
+        .map(|start| {
+            let mut b = Batch::default();
+            for i in start..(start + batch).min(n_prompt) {
+                b.push(pseudo(i), i as u32, 0, i + 1 == n_prompt);
+            }
+            b
+        })
+        .collect();
+    // llama-bench's warmup: the whole prompt test once, and one generated token, untimed (so
+    // first-use costs such as repacking weights, compiling kernels or faulting pages in stay out
+    // of the first repetition, on both sides of a comparison)
+    if !m.get_flag("no-warmup") {
+        for b in &prompt {
+            eng.decode(b, &mut logits).map_err(|e| e.to_string())?;
+        }
+        if n_gen > 0 {
+            eng.seq_rm(0, 0, None);
+            let mut b = Batch::default();
+            b.push(pseudo(0), 0, 0, true);
+            eng.decode(&b, &mut logits).map_err(|e| e.to_string())?;
+        }
+        logits.clear();
+    }
     if n_prompt > 0 {
         let mut speeds = Vec::new();
         for _ in 0..reps {
             eng.seq_rm(0, 0, None);
-            let batches: Vec<Batch> = (0..n_prompt)
-                .step_by(get("batch-size").max(1))
-                .map(|start| {
-                    let mut b = Batch::default();
-                    for i in start..(start + get("batch-size").max(1)).min(n_prompt) {
-                        b.push(pseudo(i), i as u32, 0, i + 1 == n_prompt);
-                    }
-                    b
-                })
-                .collect();
             logits.clear();
             let t0 = Instant::now();
-            for b in &batches {
+            for b in &prompt {
                 eng.decode(b, &mut logits).map_err(|e| e.to_string())?;
             }
             speeds.push(n_prompt as f64 / t0.elapsed().as_secs_f64());
