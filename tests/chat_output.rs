@@ -61,8 +61,37 @@ fn msg(content: &str, reasoning: &str, calls: Vec<ToolCall>) -> ParsedMessage {
 /// Parses whole, then streams the same text one character at a time and checks that the
 /// deltas add up to the same message and that nothing shown is ever taken back.
 fn check(format: &OutputFormat, text: &str, reasoning: ReasoningFormat, expected: ParsedMessage) {
+    check_with(format, text, reasoning, expected, false);
+}
+
+/// As upstream's parser tests compare: content and reasoning without surrounding whitespace.
+fn check_stripped(
+    format: &OutputFormat,
+    text: &str,
+    reasoning: ReasoningFormat,
+    expected: ParsedMessage,
+) {
+    check_with(format, text, reasoning, expected, true);
+}
+
+fn check_with(
+    format: &OutputFormat,
+    text: &str,
+    reasoning: ReasoningFormat,
+    expected: ParsedMessage,
+    stripped: bool,
+) {
+    let strip = |m: &ParsedMessage| {
+        let mut m = m.clone();
+        if stripped {
+            m.content = m.content.trim().to_string();
+            m.reasoning_content = m.reasoning_content.trim().to_string();
+        }
+        m
+    };
+    let expected = strip(&expected);
     let whole = format.parse(text, reasoning, true, false);
-    assert_eq!(whole, expected, "whole parse of {text:?}");
+    assert_eq!(strip(&whole), expected, "whole parse of {text:?}");
 
     let mut stream = StreamParser::new(format.clone(), reasoning, true);
     let mut deltas = Vec::new();
@@ -112,7 +141,7 @@ fn check(format: &OutputFormat, text: &str, reasoning: ReasoningFormat, expected
         c.id.clear();
     }
     assert_eq!(
-        strip_ids(&final_msg),
+        strip(&strip_ids(&final_msg)),
         expected_streamed,
         "streamed parse of {text:?}"
     );
@@ -271,10 +300,10 @@ fn deepseek_r1_and_v31() {
         r,
         msg(HELLO, "\n<think>I'm\nthinking", vec![]),
     );
-    // a call straight after the opened block ends its thinking ("\n"); upstream's answer is not
-    // recorded (it refuses a grammar alongside tools)
+    // a call straight after the opened block ends its thinking ("\n"), which upstream's message
+    // mapper drops as whitespace-only reasoning (common/chat-peg-parser.cpp, from_ast)
     check(&f, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n```json\n{\"arg1\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-        r, msg("", "\n", vec![call("special_function", "{\"arg1\": 1}")]));
+        r, msg("", "", vec![call("special_function", "{\"arg1\": 1}")]));
     let Some(v) = format_of("deepseek-ai-DeepSeek-V3.1") else {
         return;
     };
@@ -385,5 +414,423 @@ fn reasoning_split_as_upstream() {
         let field = |k: &str| case[k].as_str().unwrap_or("").to_string();
         let expected = msg(&field("content"), &field("reasoning_content"), vec![]);
         check(&format, text, reasoning, expected);
+    }
+}
+
+fn call_id(name: &str, arguments: &str, id: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        ..call(name, arguments)
+    }
+}
+
+#[test]
+fn minimax_m2_invoke_calls() {
+    let Some(f) = format_of("MiniMax-M2") else {
+        return;
+    };
+    let r = ReasoningFormat::Auto;
+    // test-chat.cpp: MiniMax-M2 tests (the prompt opens `<think>\n`; upstream compares content
+    // and reasoning without surrounding whitespace)
+    check(
+        &f,
+        "\n</think>\n\nHello, world!\nWhat's up?",
+        r,
+        msg(HELLO, "", vec![]),
+    );
+    check_stripped(
+        &f,
+        "I'm\nthinking\n</think>\n\nHello, world!\nWhat's up?",
+        r,
+        msg(HELLO, "I'm\nthinking", vec![]),
+    );
+    check_stripped(&f, "Let's call a tool:\n</think>\n\n<minimax:tool_call>\n<invoke name=\"empty_args\">\n</invoke>\n</minimax:tool_call>",
+        r, msg("", "Let's call a tool:", vec![call("empty_args", "{}")]));
+    check(&f, "\n</think>\n\n<minimax:tool_call>\n<invoke name=\"special_function\">\n<parameter name=\"arg1\">1</parameter>\n</invoke>\n</minimax:tool_call>",
+        ReasoningFormat::Deepseek, msg("", "", vec![call("special_function", "{\"arg1\":1}")]));
+    // two invokes in one block, string and JSON values
+    check(&f, "\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_time\">\n<parameter name=\"city\">Paris</parameter>\n</invoke>\n<invoke name=\"special_function\">\n<parameter name=\"arg1\">1</parameter>\n</invoke>\n</minimax:tool_call>",
+        r, msg("", "", vec![call("get_time", "{\"city\":\"Paris\"}"), call("special_function", "{\"arg1\":1}")]));
+}
+
+#[test]
+fn command_r7b_actions_and_responses() {
+    let Some(f) = format_of("CohereForAI-c4ai-command-r7b-12-2024-tool_use") else {
+        return;
+    };
+    let d = ReasoningFormat::Deepseek;
+    // test-chat.cpp: CohereForAI Command-R 7B (2024-tool_use)
+    check(
+        &f,
+        "<|START_RESPONSE|>Hello, world!\nWhat's up?<|END_RESPONSE|>",
+        ReasoningFormat::None,
+        msg(HELLO, "", vec![]),
+    );
+    let thoughts = "<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_RESPONSE|>Hello, world!\nWhat's up?<|END_RESPONSE|>";
+    check(&f, thoughts, d, msg(HELLO, "I'm\nthinking", vec![]));
+    check(
+        &f,
+        thoughts,
+        ReasoningFormat::None,
+        msg(
+            "<|START_THINKING|>I'm\nthinking<|END_THINKING|>Hello, world!\nWhat's up?",
+            "",
+            vec![],
+        ),
+    );
+    let action = "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", \"parameters\": {\"arg1\": 1}}\n]<|END_ACTION|>";
+    check(
+        &f,
+        &format!("<|START_THINKING|>I'm\nthinking<|END_THINKING|>{action}"),
+        d,
+        msg(
+            "",
+            "I'm\nthinking",
+            vec![call_id("special_function", "{\"arg1\": 1}", "0")],
+        ),
+    );
+    check(
+        &f,
+        &format!("<|START_THINKING|><|END_THINKING|>{action}"),
+        d,
+        msg(
+            "",
+            "",
+            vec![call_id("special_function", "{\"arg1\": 1}", "0")],
+        ),
+    );
+    // test-chat.cpp: the partial call shows its name and id before its arguments
+    let partial = f.parse("<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", ", d, true, true);
+    assert_eq!(
+        partial,
+        msg(
+            "",
+            "I'm\nthinking",
+            vec![call_id("special_function", "", "0")]
+        )
+    );
+}
+
+#[test]
+fn cohere2_moe_text_and_actions() {
+    let Some(f) = format_of("Cohere2MoE") else {
+        return;
+    };
+    let d = ReasoningFormat::Deepseek;
+    // test-chat.cpp: Cohere2 MoE (North Code); the prompt opens <|START_THINKING|>
+    assert!(f.thinking_forced_open());
+    let text = "I'm\nthinking<|END_THINKING|><|START_TEXT|>Hello, world!\nWhat's up?<|END_TEXT|>";
+    check(&f, text, d, msg(HELLO, "I'm\nthinking", vec![]));
+    check(
+        &f,
+        text,
+        ReasoningFormat::None,
+        msg(
+            "<|START_THINKING|>I'm\nthinking<|END_THINKING|>Hello, world!\nWhat's up?",
+            "",
+            vec![],
+        ),
+    );
+    check(
+        &f,
+        "<|END_THINKING|><|START_TEXT|>Hello, world!\nWhat's up?<|END_TEXT|>",
+        d,
+        msg(HELLO, "", vec![]),
+    );
+    check(&f, "I'm\nthinking<|END_THINKING|><|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", \"parameters\": {\"arg1\": 1}},\n    {\"tool_call_id\": \"1\", \"tool_name\": \"python\", \"parameters\": {\"code\": \"print('hey')\"}}\n]<|END_ACTION|>",
+        d, msg("", "I'm\nthinking", vec![call_id("special_function", "{\"arg1\": 1}", "0"), call_id("python", "{\"code\": \"print('hey')\"}", "1")]));
+    check(&f, "<|END_THINKING|><|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"todo_list\", \"parameters\": {\"todos\": [\"buy milk\", \"walk dog\"]}}\n]<|END_ACTION|>",
+        d, msg("", "", vec![call_id("todo_list", "{\"todos\": [\"buy milk\", \"walk dog\"]}", "0")]));
+}
+
+#[test]
+fn functionary_v31_and_v32_calls() {
+    let Some(f) = format_of("meetkai-functionary-medium-v3.1") else {
+        return;
+    };
+    let r = ReasoningFormat::Deepseek;
+    // test-chat.cpp: meetkai-functionary-medium-v3.1
+    check(&f, HELLO, r, msg(HELLO, "", vec![]));
+    check(
+        &f,
+        "<function=special_function>{\"arg1\": 1}</function>",
+        r,
+        msg("", "", vec![call("special_function", "{\"arg1\": 1}")]),
+    );
+    let Some(v2) = format_of("meetkai-functionary-medium-v3.2") else {
+        return;
+    };
+    // test-chat.cpp: Functionary v3.2 (the prompt ends with ">>>"); without tools the `all`
+    // recipient's text is the content
+    let no_tools = v2.parse("all\nHello, world!\nWhat's up?", r, false, false);
+    assert_eq!(no_tools, msg(HELLO, "", vec![]));
+    check(
+        &v2,
+        "all\nHello, world!\nWhat's up?",
+        r,
+        msg(HELLO, "", vec![]),
+    );
+    check(
+        &v2,
+        "special_function\n{\"arg1\": 1}",
+        r,
+        msg("", "", vec![call("special_function", "{\"arg1\": 1}")]),
+    );
+    // content, then calls, each after ">>>"
+    check(
+        &v2,
+        "all\nLet me check.>>>special_function\n{\"arg1\": 1}>>>python\n{\"code\": \"x\"}",
+        r,
+        msg(
+            "Let me check.",
+            "",
+            vec![
+                call("special_function", "{\"arg1\": 1}"),
+                call("python", "{\"code\": \"x\"}"),
+            ],
+        ),
+    );
+}
+
+#[test]
+fn nemotron_nano_v2_toolcall_lists() {
+    let Some(f) = format_of("NVIDIA-Nemotron-Nano-v2") else {
+        return;
+    };
+    let r = ReasoningFormat::Auto;
+    // test-chat.cpp: NVIDIA-Nemotron-Nano-v2 tests (the prompt opens `<think>\n`)
+    let expected = msg(
+        "",
+        "I'm\nthinking",
+        vec![call("special_function", "{\"arg1\": 1}")],
+    );
+    check_stripped(&f, "I'm\nthinking\n</think>\n<TOOLCALL>[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]</TOOLCALL>", r, expected.clone());
+    check_stripped(&f, "I'm\nthinking\n</think>\n\n<TOOLCALL>[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]</TOOLCALL>\n", r, expected);
+}
+
+#[test]
+fn granite_families() {
+    let Some(g3) = format_of("ibm-granite-granite-3.3-2B-Instruct") else {
+        return;
+    };
+    let d = ReasoningFormat::Deepseek;
+    // test-chat.cpp: IBM Granite (3.3): the template renders no tool calls, so upstream parses
+    // reasoning and content only
+    check(&g3, HELLO, d, msg(HELLO, "", vec![]));
+    check(
+        &g3,
+        "<think>I'm\nthinking</think>Hello, world!\nWhat's up?",
+        d,
+        msg(HELLO, "I'm\nthinking", vec![]),
+    );
+    // test-chat.cpp: IBM Granite 4.0 / 4.1 (Hermes-style <tool_call>)
+    for name in ["ibm-granite-granite-4.0", "ibm-granite-granite-4.1"] {
+        let Some(g4) = format_of(name) else {
+            return;
+        };
+        check(&g4, HELLO, d, msg(HELLO, "", vec![]));
+        check(
+            &g4,
+            "<tool_call>\n{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}\n</tool_call>",
+            d,
+            msg("", "", vec![call("special_function", "{\"arg1\": 1}")]),
+        );
+    }
+}
+
+#[test]
+fn seed_oss_calls() {
+    let Some(f) = format_of("ByteDance-Seed-OSS") else {
+        return;
+    };
+    let d = ReasoningFormat::Deepseek;
+    // test-chat.cpp: ByteDance-Seed-OSS
+    check(&f, HELLO, d, msg(HELLO, "", vec![]));
+    check(
+        &f,
+        "<seed:think>I'm thinking about the answer</seed:think>\nHello, world!",
+        d,
+        msg("Hello, world!", "I'm thinking about the answer", vec![]),
+    );
+    check(&f, "<seed:tool_call>\n<function=special_function>\n<parameter=arg1>1</parameter>\n</function>\n</seed:tool_call>",
+        d, msg("", "", vec![call("special_function", "{\"arg1\":1}")]));
+    check(&f, "<seed:tool_call>\n<function=special_function>\n<parameter=arg1>1</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=special_function_with_opt>\n<parameter=arg1>1</parameter>\n<parameter=arg2>2</parameter>\n</function>\n</seed:tool_call>",
+        d, msg("", "", vec![call("special_function", "{\"arg1\":1}"), call("special_function_with_opt", "{\"arg1\":1,\"arg2\":2}")]));
+    check(&f, "<seed:tool_call>\n<function=todo_list>\n<parameter=todos>[{\"item\": \"Check stuff\", \"selected\": false}, {\"item\": \"Prepare stuff\", \"selected\": true}]</parameter>\n</function>\n</seed:tool_call>",
+        d, msg("", "", vec![call("todo_list", "{\"todos\":[{\"item\":\"Check stuff\",\"selected\":false},{\"item\":\"Prepare stuff\",\"selected\":true}]}")]));
+    // test-chat.cpp: "tool call with inside quotes" (values kept as written, newlines included)
+    check(&f, "<seed:tool_call>\n<function=edit>\n<parameter=filename>foo.cpp</parameter>\n<parameter=oldString>def foo(arg = \"14\"):\n    return arg + \"bar\"\n</parameter>\n<parameter=newString>def foo(arg = \"15\"):\n    pass\n</parameter>\n</function>\n</seed:tool_call>",
+        d, msg("", "", vec![call("edit", "{\"filename\":\"foo.cpp\",\"oldString\":\"def foo(arg = \\\"14\\\"):\\n    return arg + \\\"bar\\\"\\n\",\"newString\":\"def foo(arg = \\\"15\\\"):\\n    pass\\n\"}")]));
+}
+
+#[test]
+fn json_list_families() {
+    let d = ReasoningFormat::Deepseek;
+    let expected = msg("", "", vec![call("special_function", "{\"arg1\": 1}")]);
+    // test-chat.cpp: Apertus-8B-Instruct tests (FUNC_NAME_AS_KEY)
+    if let Some(f) = format_of("Apertus-8B-Instruct") {
+        check(
+            &f,
+            "<|tools_prefix|>[{\"special_function\": {\"arg1\": 1}}]<|tools_suffix|>",
+            d,
+            expected.clone(),
+        );
+        check(&f, HELLO, d, msg(HELLO, "", vec![]));
+    }
+    // test-chat.cpp: Apriel 1.5
+    if let Some(f) = format_of("unsloth-Apriel-1.5") {
+        check(&f, HELLO, d, msg(HELLO, "", vec![]));
+        check(&f, "<tool_calls>[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]</tool_calls>", d, expected.clone());
+    }
+    // test-chat.cpp: CohereForAI-c4ai-command-r-plus (markdown code block format)
+    if let Some(f) = format_of("CohereForAI-c4ai-command-r-plus-tool_use") {
+        check(&f, HELLO, d, msg(HELLO, "", vec![]));
+        check(&f, "Action:\n```json\n[{\"tool_name\": \"special_function\", \"parameters\": {\"arg1\": 1}}]\n```", d, expected.clone());
+    }
+    // test-chat.cpp: FireFunction
+    if let Some(f) = format_of("fireworks-ai-llama-3-firefunction-v2") {
+        check(&f, HELLO, d, msg(HELLO, "", vec![]));
+        check(
+            &f,
+            " functools[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]",
+            d,
+            expected.clone(),
+        );
+    }
+}
+
+#[test]
+fn lfm2_pythonic_calls() {
+    let d = ReasoningFormat::Auto;
+    // test-chat.cpp: test_lfm2_parser, run on all three LFM2 templates
+    for name in ["LFM2-8B-A1B", "LFM2.5-Instruct", "LFM2.5-8B-A1B"] {
+        let Some(f) = format_of(name) else {
+            return;
+        };
+        let one = |text: &str, name: &str, args: &str| {
+            check(&f, text, d, msg("", "", vec![call(name, args)]));
+        };
+        check(&f, HELLO, d, msg(HELLO, "", vec![]));
+        one(
+            "<|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>",
+            "special_function",
+            "{\"arg1\":1}",
+        );
+        one(
+            "<|tool_call_start|>[get_time(city=\"XYZCITY\")]<|tool_call_end|>",
+            "get_time",
+            "{\"city\":\"XYZCITY\"}",
+        );
+        one(
+            "<|tool_call_start|>[toggle(enabled=True)]<|tool_call_end|>",
+            "toggle",
+            "{\"enabled\":true}",
+        );
+        one(
+            "<|tool_call_start|>[set_nullable(value=None)]<|tool_call_end|>",
+            "set_nullable",
+            "{\"value\":null}",
+        );
+        one("<|tool_call_start|>[set_config(config={\"enabled\": True, \"count\": 3})]<|tool_call_end|>",
+            "set_config", "{\"config\":{\"enabled\":true,\"count\":3}}");
+        one("<|tool_call_start|>[set_config(config={\"enabled\": true, \"note\": null})]<|tool_call_end|>",
+            "set_config", "{\"config\":{\"enabled\":true,\"note\":null}}");
+        one("<|tool_call_start|>[Calendar.create_event(title=\"demo\", participants=[\"Alice\", \"Bob\"], metadata={\"priority\": \"high\", \"reminder\": true})]<|tool_call_end|>",
+            "Calendar.create_event", "{\"title\":\"demo\",\"participants\":[\"Alice\",\"Bob\"],\"metadata\":{\"priority\":\"high\",\"reminder\":true}}");
+        let link =
+            "Use this format: [link text](url). Example: [Wikipedia](https://www.wikipedia.org).";
+        check(&f, link, d, msg(link, "", vec![]));
+        one("<|tool_call_start|>[python(code=\"def hello():\\n    print('hey')\")]<|tool_call_end|>",
+            "python", "{\"code\":\"def hello():\\n    print('hey')\"}");
+        one("<|tool_call_start|>[python(code=\"First line\\nSecond line\\tindented\")]<|tool_call_end|>",
+            "python", "{\"code\":\"First line\\nSecond line\\tindented\"}");
+        one(
+            "<|tool_call_start|>[python(code=\"print(\\\"hi\\\")\")]<|tool_call_end|>",
+            "python",
+            "{\"code\":\"print(\\\"hi\\\")\"}",
+        );
+        check(
+            &f,
+            "Let me check the time.<|tool_call_start|>[get_time(city=\"Paris\")]<|tool_call_end|>",
+            d,
+            msg(
+                "Let me check the time.",
+                "",
+                vec![call("get_time", "{\"city\":\"Paris\"}")],
+            ),
+        );
+        check(&f, "<|tool_call_start|>[special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)]<|tool_call_end|>",
+            d, msg("", "", vec![call("special_function", "{\"arg1\":1}"), call("special_function_with_opt", "{\"arg1\":1,\"arg2\":2}")]));
+        one(
+            "<|tool_call_start|>[empty_args()]<|tool_call_end|>",
+            "empty_args",
+            "{}",
+        );
+        let partial = f.parse("<|tool_call_start|>[special_function(arg1=", d, true, true);
+        assert_eq!(partial.tool_calls.len(), 1, "{partial:?}");
+        assert_eq!(partial.tool_calls[0].name, "special_function");
+    }
+    // test-chat.cpp: LFM2.5-8B-A1B reasoning cases
+    let Some(f) = format_of("LFM2.5-8B-A1B") else {
+        return;
+    };
+    check(
+        &f,
+        "<think>I'm\nthinking</think><|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>",
+        d,
+        msg(
+            "",
+            "I'm\nthinking",
+            vec![call("special_function", "{\"arg1\":1}")],
+        ),
+    );
+    check(&f, "<think>I need to call a function</think>Let me check the time.<|tool_call_start|>[get_time(city=\"Paris\")]<|tool_call_end|>",
+        d, msg("Let me check the time.", "I need to call a function", vec![call("get_time", "{\"city\":\"Paris\"}")]));
+    check(&f, "<think>Let me think about <|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|> hmm</think><|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>",
+        d, msg("", "Let me think about <|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|> hmm", vec![call("special_function", "{\"arg1\":1}")]));
+}
+
+#[test]
+fn new_families_never_leak_cut_or_malformed_calls() {
+    let cases = [
+        ("MiniMax-M2", "\n</think>\n\nOk.<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">1"),
+        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<|START_THINKING|><|END_THINKING|><|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"f\", \"parameters\": {oops}}]<|END_ACTION|>"),
+        ("meetkai-functionary-medium-v3.1", "Ok.<function=f>{\"a\": "),
+        ("meetkai-functionary-medium-v3.2", "all\nOk.>>>f\n{\"a\": "),
+        ("NVIDIA-Nemotron-Nano-v2", "\n</think>\nOk.<TOOLCALL>[{\"name\": \"f\", \"arguments\": {\"a\""),
+        ("ByteDance-Seed-OSS", "Ok.<seed:tool_call>\n<function=f>\n<parameter=a>1"),
+        ("Apertus-8B-Instruct", "Ok.<|tools_prefix|>[{\"f\": {\"a\": 1}"),
+        ("LFM2.5-8B-A1B", "Ok.<|tool_call_start|>[f(a=\"unterminated)]<|tool_call_end|>"),
+        ("CohereForAI-c4ai-command-r-plus-tool_use", "Ok.\nAction:\n```json\n[{\"tool_name\": \"f\", \"parameters\": {\"a\": 1}}\n```"),
+        ("fireworks-ai-llama-3-firefunction-v2", "Ok. functools[{\"name\": \"f\", \"arguments\": {\"a\": 1}"),
+    ];
+    for (name, text) in cases {
+        let Some(f) = format_of(name) else {
+            return;
+        };
+        let parsed = f.parse(text, ReasoningFormat::Deepseek, true, false);
+        assert!(parsed.tool_calls.is_empty(), "{name}: {parsed:?}");
+        assert!(
+            parsed.content.trim() == "Ok." || parsed.content.is_empty(),
+            "{name} leaked: {parsed:?}"
+        );
+        let mut stream = StreamParser::new(f.clone(), ReasoningFormat::Deepseek, true);
+        let mut shown = String::new();
+        for c in text.chars() {
+            for d in stream.push(&c.to_string()) {
+                if let Delta::Content(c) = d {
+                    shown.push_str(&c);
+                }
+            }
+        }
+        let (last, _) = stream.finish();
+        assert!(
+            shown.trim() == "Ok." || shown.is_empty(),
+            "{name} streamed {shown:?}"
+        );
+        assert!(
+            last.content.trim() == "Ok." || last.content.is_empty(),
+            "{name}: {last:?}"
+        );
     }
 }

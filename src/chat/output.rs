@@ -88,6 +88,33 @@ pub enum ToolSyntax {
     KimiK2,
     /// `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>` (GLM 4.x).
     Glm,
+    /// `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>`
+    /// (MiniMax M2).
+    MiniMaxM2,
+    /// `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>`,
+    /// content wrapped in `<|START_RESPONSE|>` (Command R7B) or `<|START_TEXT|>` (Cohere2 MoE);
+    /// the `tool_call_id` is the call's id.
+    CommandR7B,
+    /// `<function=NAME>{...}</function>` (Functionary v3.1).
+    FunctionaryV31,
+    /// `>>>RECIPIENT\n...` after a prompt ending in `>>>`: `all` is content, any other recipient
+    /// a tool call with JSON arguments (Functionary v3.2).
+    FunctionaryV32,
+    /// `<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>` (Nemotron Nano v2).
+    Nemotron,
+    /// `<tool_calls>[{"name": ..., "arguments": {...}}]</tool_calls>` (Apriel 1.5 / 1.6).
+    Apriel,
+    /// ` functools[{"name": ..., "arguments": {...}}]` (FireFunction v2).
+    FireFunction,
+    /// `<|tools_prefix|>[{"NAME": {...}}]<|tools_suffix|>` (Apertus).
+    Apertus,
+    /// `<seed:tool_call>\n<function=NAME>\n<parameter=K>V</parameter>\n</function>\n</seed:tool_call>`
+    /// (Seed-OSS; values kept as written).
+    SeedOss,
+    /// `<|tool_call_start|>[NAME(K=V, ...)]<|tool_call_end|>` with Python literals (LFM2, LFM2.5).
+    Lfm2,
+    /// `Action:\n```json\n[{"tool_name": ..., "parameters": {...}}]\n```` (Command R+).
+    CommandRPlus,
 }
 
 /// What to look for in one family's output.
@@ -114,6 +141,17 @@ const KIMI_SECTION: &str = "<|tool_calls_section_begin|>";
 const KIMI_CALL: &str = "<|tool_call_begin|>";
 const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
 const KIMI_CALL_END: &str = "<|tool_call_end|>";
+const MINIMAX_OPEN: &str = "<minimax:tool_call>";
+const MINIMAX_CLOSE: &str = "</minimax:tool_call>";
+const ACTION_START: &str = "<|START_ACTION|>";
+const ACTION_END: &str = "<|END_ACTION|>";
+/// Command R7B's and Cohere2 MoE's content wrappers: (start, end).
+const COHERE_CONTENT: [(&str, &str); 2] = [
+    ("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+    ("<|START_TEXT|>", "<|END_TEXT|>"),
+];
+const LFM2_OPEN: &str = "<|tool_call_start|>";
+const LFM2_CLOSE: &str = "<|tool_call_end|>";
 
 impl OutputFormat {
     /// The format of a template's family; `prompt` is the rendered prompt the output follows
@@ -148,8 +186,20 @@ impl OutputFormat {
             };
         let tools = if family == Some(Family::GptOss) {
             ToolSyntax::Harmony
+        } else if family == Some(Family::FunctionaryV32) {
+            ToolSyntax::FunctionaryV32
         } else if family == Some(Family::KimiK2) {
             ToolSyntax::KimiK2
+        } else if matches!(family, Some(Family::Lfm2 | Family::Lfm25)) {
+            ToolSyntax::Lfm2
+        } else if src.contains(ACTION_START) {
+            ToolSyntax::CommandR7B
+        } else if src.contains("Action:\\n```json") {
+            ToolSyntax::CommandRPlus
+        } else if src.contains(MINIMAX_OPEN) {
+            ToolSyntax::MiniMaxM2
+        } else if src.contains("<seed:tool_call>") {
+            ToolSyntax::SeedOss
         } else if src.contains("<arg_key>") {
             ToolSyntax::Glm
         } else if matches!(family, Some(Family::Ministral3)) || src.contains("[ARGS]") {
@@ -162,6 +212,19 @@ impl OutputFormat {
             ToolSyntax::DeepSeekR1
         } else if src.contains(DS_SEP) {
             ToolSyntax::DeepSeekV31
+        } else if src.contains("<function=")
+            && src.contains("</function>")
+            && !src.contains("<parameter=")
+        {
+            ToolSyntax::FunctionaryV31
+        } else if src.contains("<TOOLCALL>") {
+            ToolSyntax::Nemotron
+        } else if src.contains("<tool_calls>[") {
+            ToolSyntax::Apriel
+        } else if src.contains("functools[") {
+            ToolSyntax::FireFunction
+        } else if src.contains("<|tools_prefix|>") {
+            ToolSyntax::Apertus
         } else if src.contains("<tool_call>") {
             ToolSyntax::Hermes
         } else if src.contains("<|python_tag|>") || src.contains("\"parameters\": ") {
@@ -201,6 +264,9 @@ impl OutputFormat {
         if self.tools == ToolSyntax::Harmony {
             return parse_harmony(text, reasoning, parse_tools, partial);
         }
+        if self.tools == ToolSyntax::FunctionaryV32 {
+            return parse_functionary_v32(text, parse_tools, partial);
+        }
         let mut msg = ParsedMessage::default();
         // thinking the prompt opened is read from its opening tag on; otherwise whitespace before
         // an opening tag is skipped (and held back while it may still precede one)
@@ -223,9 +289,18 @@ impl OutputFormat {
         let (thinking, rest) = self.split_reasoning(text, parse_tools, partial);
         if let Some(thinking) = thinking {
             if reasoning.extracts() {
-                msg.reasoning_content = thinking.to_string();
+                // upstream's parsers drop reasoning that is only whitespace
+                if !thinking.chars().all(is_ws) {
+                    msg.reasoning_content = thinking.to_string();
+                }
             } else {
                 msg.content.push_str(&text[..text.len() - rest.len()]);
+            }
+        }
+        if self.tools == ToolSyntax::CommandR7B {
+            if let Some(content) = cohere_content(rest, partial) {
+                msg.content.push_str(content);
+                return msg;
             }
         }
         if parse_tools && self.tools != ToolSyntax::None {
@@ -322,7 +397,17 @@ fn openers(syntax: ToolSyntax) -> &'static [&'static str] {
         ToolSyntax::KimiK2 => &[KIMI_SECTION, KIMI_CALL],
         ToolSyntax::Glm => &["<tool_call>"],
         ToolSyntax::DeepSeekR1 | ToolSyntax::DeepSeekV31 => &[DS_CALLS_BEGIN, DS_CALL_BEGIN],
-        ToolSyntax::None | ToolSyntax::Harmony => &[],
+        ToolSyntax::MiniMaxM2 => &[MINIMAX_OPEN],
+        ToolSyntax::CommandR7B => &[ACTION_START],
+        ToolSyntax::FunctionaryV31 => &["<function="],
+        ToolSyntax::Nemotron => &["<TOOLCALL>"],
+        ToolSyntax::Apriel => &["<tool_calls>"],
+        ToolSyntax::FireFunction => &["functools["],
+        ToolSyntax::Apertus => &["<|tools_prefix|>"],
+        ToolSyntax::SeedOss => &["<seed:tool_call>"],
+        ToolSyntax::Lfm2 => &[LFM2_OPEN],
+        ToolSyntax::CommandRPlus => &["Action:"],
+        ToolSyntax::None | ToolSyntax::Harmony | ToolSyntax::FunctionaryV32 => &[],
     }
 }
 
@@ -360,7 +445,9 @@ fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec
     let calls = match syntax {
         ToolSyntax::Hermes => tagged_calls(body, "<tool_call>", "</tool_call>", partial, json_call),
         ToolSyntax::Qwen3Coder => {
-            tagged_calls(body, "<tool_call>", "</tool_call>", partial, xml_call)
+            tagged_calls(body, "<tool_call>", "</tool_call>", partial, |i, p| {
+                function_params_call(i, p, true)
+            })
         }
         ToolSyntax::MistralJson => mistral_json_calls(&body[marker.len()..], partial),
         ToolSyntax::MistralArgs => mistral_args_calls(body, partial),
@@ -376,7 +463,47 @@ fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec
         ),
         ToolSyntax::KimiK2 => tagged_calls(body, KIMI_CALL, KIMI_CALL_END, partial, kimi_call),
         ToolSyntax::Glm => tagged_calls(body, "<tool_call>", "</tool_call>", partial, glm_call),
-        ToolSyntax::None | ToolSyntax::Harmony => Vec::new(),
+        ToolSyntax::MiniMaxM2 => {
+            tagged_sections(body, MINIMAX_OPEN, MINIMAX_CLOSE, partial, |s, p| {
+                tagged_calls(s, "<invoke name=", "</invoke>", p, minimax_invoke)
+            })
+        }
+        ToolSyntax::CommandR7B => {
+            array_sections(body, ACTION_START, Some(ACTION_END), partial, |o, p| {
+                keyed_json_call(o, p, "tool_name", "parameters", "tool_call_id")
+            })
+        }
+        ToolSyntax::FunctionaryV31 => {
+            tagged_calls(body, "<function=", "</function>", partial, functionary_call)
+        }
+        ToolSyntax::Nemotron => {
+            array_sections(body, "<TOOLCALL>", Some("</TOOLCALL>"), partial, json_call)
+        }
+        ToolSyntax::Apriel => array_sections(
+            body,
+            "<tool_calls>",
+            Some("</tool_calls>"),
+            partial,
+            json_call,
+        ),
+        ToolSyntax::FireFunction => array_sections(body, "functools", None, partial, json_call),
+        ToolSyntax::Apertus => array_sections(
+            body,
+            "<|tools_prefix|>",
+            Some("<|tools_suffix|>"),
+            partial,
+            name_keyed_call,
+        ),
+        ToolSyntax::SeedOss => tagged_calls(
+            body,
+            "<seed:tool_call>",
+            "</seed:tool_call>",
+            partial,
+            |i, p| function_params_call(i, p, false),
+        ),
+        ToolSyntax::Lfm2 => tagged_sections(body, LFM2_OPEN, LFM2_CLOSE, partial, lfm2_calls),
+        ToolSyntax::CommandRPlus => command_r_plus_calls(&body[marker.len()..], partial),
+        ToolSyntax::None | ToolSyntax::Harmony | ToolSyntax::FunctionaryV32 => Vec::new(),
     };
     (content.trim_end_matches(is_ws), calls)
 }
@@ -503,42 +630,417 @@ fn json_value_end(text: &str) -> Option<usize> {
         .filter(|_| serde_json::from_str::<Json>(text).is_ok())
 }
 
-/// Qwen3-Coder style: `<function=NAME>` then `<parameter=KEY>VALUE</parameter>`s; values
-/// that parse as JSON keep their type, others become strings.
-fn xml_call(inner: &str, partial: bool) -> Option<ToolCall> {
+/// Qwen3-Coder / Seed-OSS style: `<function=NAME>` then `<parameter=KEY>VALUE</parameter>`s;
+/// values that parse as JSON keep their type, others become strings. Qwen3-Coder writes each
+/// value between newlines (`trim_newlines`), Seed-OSS as is.
+fn function_params_call(inner: &str, partial: bool, trim_newlines: bool) -> Option<ToolCall> {
     let body = inner.trim_matches(is_ws);
     let after = body.strip_prefix("<function=")?;
     let name_end = after.find('>')?;
-    let name = after[..name_end].to_string();
+    let name = after[..name_end].trim().to_string();
+    let tags = ParamTags {
+        open: "<parameter=",
+        name_end: ">",
+        close: "</parameter>",
+        trim_newlines,
+    };
+    let args = xml_params(&after[name_end + 1..], &tags, partial)?;
+    Some(ToolCall {
+        id: String::new(),
+        name,
+        arguments: object_text(args, partial),
+    })
+}
+
+/// How an XML-style family writes one parameter: `{open}KEY{name_end}VALUE{close}`.
+struct ParamTags {
+    open: &'static str,
+    name_end: &'static str,
+    close: &'static str,
+    trim_newlines: bool,
+}
+
+/// The parameters in `text`; a value is only taken once closed (its type is not known before),
+/// and a finished call with an unclosed one is malformed.
+fn xml_params(
+    text: &str,
+    tags: &ParamTags,
+    partial: bool,
+) -> Option<serde_json::Map<String, Json>> {
     let mut args = serde_json::Map::new();
-    let mut rest = &after[name_end + 1..];
-    while let Some(p) = rest.find("<parameter=") {
-        let tail = &rest[p + "<parameter=".len()..];
-        let key_end = tail.find('>')?;
-        let key = tail[..key_end].to_string();
-        let value_text = &tail[key_end + 1..];
-        let Some(end) = value_text.find("</parameter>") else {
-            // a value is only shown once closed: its type is not known before
+    let mut rest = text;
+    while let Some(p) = rest.find(tags.open) {
+        let tail = &rest[p + tags.open.len()..];
+        let Some(key_end) = tail.find(tags.name_end) else {
             if partial {
                 break;
             }
             return None;
         };
-        let (value, next) = (
-            &value_text[..end],
-            &value_text[end + "</parameter>".len()..],
-        );
-        let value = value.strip_prefix('\n').unwrap_or(value);
-        let value = value.strip_suffix('\n').unwrap_or(value);
+        let key = tail[..key_end].trim().to_string();
+        let value_text = &tail[key_end + tags.name_end.len()..];
+        let Some(end) = value_text.find(tags.close) else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        let mut value = &value_text[..end];
+        if tags.trim_newlines {
+            value = value.strip_prefix('\n').unwrap_or(value);
+            value = value.strip_suffix('\n').unwrap_or(value);
+        }
         args.insert(key, typed_value(value));
-        rest = next;
+        rest = &value_text[end + tags.close.len()..];
     }
-    let arguments = object_text(args, partial);
+    Some(args)
+}
+
+/// MiniMax M2: `"NAME">` then `<parameter name="KEY">VALUE</parameter>`s.
+fn minimax_invoke(inner: &str, partial: bool) -> Option<ToolCall> {
+    let after = inner.trim_start_matches(is_ws).strip_prefix('"')?;
+    let name_end = after.find("\">")?;
+    let tags = ParamTags {
+        open: "<parameter name=\"",
+        name_end: "\">",
+        close: "</parameter>",
+        trim_newlines: false,
+    };
+    let args = xml_params(&after[name_end + 2..], &tags, partial)?;
+    Some(ToolCall {
+        id: String::new(),
+        name: after[..name_end].to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// Functionary v3.1: `NAME>{...}` (inside `<function=` ... `</function>`).
+fn functionary_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let name_end = inner.find('>')?;
+    let name = inner[..name_end].trim();
+    if name.is_empty() {
+        return None;
+    }
+    let arguments = json_prefix(inner[name_end + 1..].trim_matches(is_ws), partial)?;
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// Sections between `open` and `close`, each holding any number of calls. The last may be
+/// unterminated: while streaming it is read as far as written; finished, only what is complete
+/// in it counts.
+fn tagged_sections(
+    body: &str,
+    open: &str,
+    close: &str,
+    partial: bool,
+    parse_many: impl Fn(&str, bool) -> Vec<ToolCall>,
+) -> Vec<ToolCall> {
+    let mut calls = Vec::new();
+    let mut rest = body;
+    while let Some(start) = rest.find(open) {
+        let inner = &rest[start + open.len()..];
+        match inner.find(close) {
+            Some(end) => {
+                calls.extend(parse_many(&inner[..end], false));
+                rest = &inner[end + close.len()..];
+            }
+            None => {
+                calls.extend(parse_many(hold_back(inner, partial, &[close]), partial));
+                break;
+            }
+        }
+    }
+    calls
+}
+
+/// JSON lists of calls after `open` (and before `close`, when the family closes them).
+fn array_sections(
+    body: &str,
+    open: &str,
+    close: Option<&str>,
+    partial: bool,
+    parse_obj: fn(&str, bool) -> Option<ToolCall>,
+) -> Vec<ToolCall> {
+    match close {
+        Some(close) => tagged_sections(body, open, close, partial, |s, p| {
+            json_array_calls(s, p, parse_obj)
+        }),
+        None => json_array_calls(body.strip_prefix(open).unwrap_or(body), partial, parse_obj),
+    }
+}
+
+/// A call object with the given keys for its name, arguments and id; while streaming a call is
+/// shown as soon as its name is known.
+fn keyed_json_call(
+    inner: &str,
+    partial: bool,
+    name_key: &str,
+    args_key: &str,
+    id_key: &str,
+) -> Option<ToolCall> {
+    let inner = inner.trim_matches(is_ws);
+    let name = json_string_field(inner, name_key)?;
+    let arguments = match raw_json_field(inner, &[args_key], partial) {
+        Some(args) => args,
+        None if partial && !inner.contains(&format!("\"{args_key}\"")) => String::new(),
+        None => return None,
+    };
+    let id = if id_key.is_empty() {
+        None
+    } else {
+        json_string_field(inner, id_key)
+    };
+    Some(ToolCall {
+        id: id.unwrap_or_default(),
+        name,
+        arguments,
+    })
+}
+
+/// Command R+: after `Action:`, a ```json fenced list of `{"tool_name": ..., "parameters": ...}`.
+fn command_r_plus_calls(text: &str, partial: bool) -> Vec<ToolCall> {
+    const FENCE: &str = "```json";
+    let text = text.trim_start_matches(is_ws);
+    let Some(fenced) = text.strip_prefix(FENCE) else {
+        return Vec::new();
+    };
+    let (list, closed) = match fenced.find("```") {
+        Some(end) => (&fenced[..end], true),
+        None => (hold_back(fenced, partial, &["```"]), false),
+    };
+    json_array_calls(list, partial && !closed, |o, p| {
+        keyed_json_call(o, p, "tool_name", "parameters", "")
+    })
+}
+
+/// Apertus: `{"NAME": {...arguments...}}`.
+fn name_keyed_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let after = inner.trim_matches(is_ws).strip_prefix('{')?.trim_start();
+    let mut de = serde_json::Deserializer::from_str(after).into_iter::<String>();
+    let name = de.next()?.ok()?;
+    let rest = after[de.byte_offset()..].trim_start().strip_prefix(':')?;
+    let arguments = json_prefix(rest.trim_start(), partial)?;
     Some(ToolCall {
         id: String::new(),
         name,
         arguments,
     })
+}
+
+/// LFM2: `[NAME(KEY=VALUE, ...), ...]` with Python (or JSON) literal values. While streaming,
+/// a call is shown once its name is written and its arguments grow as each value completes.
+fn lfm2_calls(section: &str, partial: bool) -> Vec<ToolCall> {
+    let mut calls = Vec::new();
+    let Some(mut rest) = section.trim_start_matches(is_ws).strip_prefix('[') else {
+        return calls;
+    };
+    loop {
+        rest = rest.trim_start_matches(|c: char| is_ws(c) || c == ',');
+        let Some(open) = rest.find('(') else {
+            break;
+        };
+        let name = rest[..open].trim();
+        let valid_name = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid_name {
+            break;
+        }
+        let mut args = serde_json::Map::new();
+        let mut body = &rest[open + 1..];
+        let closed = loop {
+            body = body.trim_start_matches(|c: char| is_ws(c) || c == ',');
+            if let Some(after) = body.strip_prefix(')') {
+                body = after;
+                break true;
+            }
+            let Some(eq) = body.find('=') else {
+                break false;
+            };
+            let key = body[..eq].trim();
+            match python_value(body[eq + 1..].trim_start_matches(is_ws)) {
+                Some((value, used)) if !key.is_empty() => {
+                    args.insert(key.to_string(), value);
+                    let start = body.len() - body[eq + 1..].trim_start_matches(is_ws).len();
+                    body = &body[start + used..];
+                }
+                _ => break false,
+            }
+        };
+        if !closed && !partial {
+            // malformed or cut short: dropped
+            break;
+        }
+        calls.push(ToolCall {
+            id: String::new(),
+            name: name.to_string(),
+            arguments: object_text(args, !closed),
+        });
+        if !closed {
+            break;
+        }
+        rest = body;
+    }
+    calls
+}
+
+/// A Python (or JSON) literal at the start of `text` as JSON, and the bytes it took; None when
+/// it is unfinished or not a literal.
+fn python_value(text: &str) -> Option<(Json, usize)> {
+    let first = text.chars().next()?;
+    match first {
+        '"' | '\'' => {
+            let mut out = String::new();
+            let mut chars = text.char_indices().skip(1);
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        let (_, e) = chars.next()?;
+                        match e {
+                            'n' => out.push('\n'),
+                            't' => out.push('\t'),
+                            'r' => out.push('\r'),
+                            '0' => out.push('\0'),
+                            'u' => {
+                                let hex: String = (0..4)
+                                    .filter_map(|_| chars.next().map(|(_, h)| h))
+                                    .collect();
+                                out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                            }
+                            other => out.push(other),
+                        }
+                    }
+                    c if c == first => return Some((Json::String(out), i + 1)),
+                    c => out.push(c),
+                }
+            }
+            None
+        }
+        '[' | '(' | '{' => {
+            let close = match first {
+                '[' => ']',
+                '(' => ')',
+                _ => '}',
+            };
+            let mut rest = &text[1..];
+            let mut items = Vec::new();
+            let mut object = serde_json::Map::new();
+            loop {
+                rest = rest.trim_start_matches(is_ws);
+                if let Some(after) = rest.strip_prefix(close) {
+                    let used = text.len() - after.len();
+                    let value = if first == '{' {
+                        Json::Object(object)
+                    } else {
+                        Json::Array(items)
+                    };
+                    return Some((value, used));
+                }
+                let (value, used) = python_value(rest)?;
+                rest = rest[used..].trim_start_matches(is_ws);
+                if first == '{' {
+                    let key = match value {
+                        Json::String(k) => k,
+                        other => other.to_string(),
+                    };
+                    rest = rest.strip_prefix(':')?.trim_start_matches(is_ws);
+                    let (value, used) = python_value(rest)?;
+                    object.insert(key, value);
+                    rest = rest[used..].trim_start_matches(is_ws);
+                } else {
+                    items.push(value);
+                }
+                if let Some(after) = rest.strip_prefix(',') {
+                    rest = after;
+                } else if !rest.starts_with(close) {
+                    return None;
+                }
+            }
+        }
+        _ => {
+            let end = text.find(|c: char| is_ws(c) || matches!(c, ',' | ')' | ']' | '}' | ':'))?;
+            let word = &text[..end];
+            let value = match word {
+                "True" | "true" => Json::Bool(true),
+                "False" | "false" => Json::Bool(false),
+                "None" | "null" => Json::Null,
+                number => serde_json::from_str::<serde_json::Number>(number)
+                    .ok()
+                    .map(Json::Number)?,
+            };
+            Some((value, end))
+        }
+    }
+}
+
+/// Command R7B / Cohere2 MoE content: the text inside `<|START_RESPONSE|>` / `<|START_TEXT|>`
+/// (None when the output does not start with one).
+fn cohere_content(rest: &str, partial: bool) -> Option<&str> {
+    let trimmed = rest.trim_start_matches(is_ws);
+    for (start, end) in COHERE_CONTENT {
+        if let Some(body) = trimmed.strip_prefix(start) {
+            return Some(match body.find(end) {
+                Some(e) => &body[..e],
+                None => hold_back(body, partial, &[end]),
+            });
+        }
+    }
+    let may_open = COHERE_CONTENT
+        .iter()
+        .any(|(start, _)| start.starts_with(trimmed));
+    (partial && !trimmed.is_empty() && may_open).then_some("")
+}
+
+/// Functionary v3.2: the prompt ends with `>>>`, so the output starts with a recipient line;
+/// `all` is content, any other recipient a tool call whose JSON arguments follow. Later
+/// messages start with `>>>` again.
+fn parse_functionary_v32(text: &str, parse_tools: bool, partial: bool) -> ParsedMessage {
+    let mut msg = ParsedMessage::default();
+    if !parse_tools {
+        // without tools everything after the `all` recipient is content
+        match text.strip_prefix("all\n") {
+            Some(rest) => msg.content = rest.to_string(),
+            None if partial && "all\n".starts_with(text) => {}
+            None => msg.content = text.to_string(),
+        }
+        return msg;
+    }
+    let segments: Vec<&str> = text.split(">>>").collect();
+    let count = segments.len();
+    for (i, segment) in segments.into_iter().enumerate() {
+        let last = i + 1 == count;
+        let Some((recipient, body)) = segment.split_once('\n') else {
+            // a recipient still being written; finished, a lone first line is plain text
+            if count == 1 && !partial {
+                msg.content.push_str(segment);
+            }
+            break;
+        };
+        let recipient = recipient.trim();
+        if recipient == "all" {
+            let body = if last {
+                hold_back(body, partial, &[">>>"])
+            } else {
+                body
+            };
+            msg.content.push_str(body);
+        } else if !recipient.is_empty() {
+            let arguments = json_prefix(body.trim_matches(is_ws), last && partial);
+            if let Some(arguments) = arguments {
+                msg.tool_calls.push(ToolCall {
+                    id: String::new(),
+                    name: recipient.to_string(),
+                    arguments,
+                });
+            }
+        }
+    }
+    msg
 }
 
 fn kimi_call(inner: &str, partial: bool) -> Option<ToolCall> {
@@ -613,17 +1115,29 @@ fn object_text(args: serde_json::Map<String, Json>, partial: bool) -> String {
 }
 
 fn mistral_json_calls(text: &str, partial: bool) -> Vec<ToolCall> {
-    let text = text.trim_start_matches(is_ws);
+    json_array_calls(text, partial, json_call)
+}
+
+/// The calls of a JSON list (the last possibly unfinished while streaming); finished, the list
+/// must be complete and valid.
+fn json_array_calls(
+    text: &str,
+    partial: bool,
+    parse_obj: impl Fn(&str, bool) -> Option<ToolCall>,
+) -> Vec<ToolCall> {
+    let text = text.trim_matches(is_ws);
     let complete = json_value_end(text)
         .is_some_and(|end| serde_json::from_str::<Json>(&text[..end]).is_ok_and(|v| v.is_array()));
     if !complete && !partial {
         return Vec::new();
     }
     // each object of the list, the last possibly still being written
-    let inner = text.strip_prefix('[').unwrap_or(text);
+    let Some(inner) = text.strip_prefix('[') else {
+        return Vec::new();
+    };
     split_objects(inner)
         .into_iter()
-        .filter_map(|obj| json_call(obj, partial))
+        .filter_map(|obj| parse_obj(obj, partial))
         .collect()
 }
 
