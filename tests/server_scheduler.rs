@@ -161,6 +161,47 @@ fn a_shared_prefix_is_reused_and_gives_the_same_output() {
     assert_eq!(third.content, second.content);
 }
 
+/// `--cache-reuse`: a later run of the cached prompt that the new prompt has right after the
+/// shared prefix is shifted into place instead of evaluated again, as llama-server does; runs
+/// shorter than `n_cache_reuse` are not, and the output is the fresh evaluation's.
+#[test]
+fn cache_reuse_shifts_a_later_cached_run_into_place() {
+    // no host prompt cache: it would bring back the second prompt for the fourth
+    let config = SchedulerConfig {
+        cache: CacheOptions {
+            cache_ram_mib: 0,
+            ..CacheOptions::default()
+        },
+        ..SchedulerConfig::default()
+    };
+    let h = start(MockEngine::new(1024), config);
+    let head = "System: be brief. ";
+    let dropped = "Old turn that the client has since dropped from the chat. ";
+    let kept = "A long turn the client sends again, word for word, after the head. ";
+    let reuse = |n: i32| TaskParams {
+        n_cache_reuse: n,
+        ..greedy(8)
+    };
+    let (_, first) = finish(submit(&h, &format!("{head}{dropped}{kept}Bye."), greedy(1)));
+    first.expect("final");
+    let prompt = format!("{head}{kept}Next?");
+    let (_, second) = finish(submit(&h, &prompt, reuse(16)));
+    let second = second.expect("final");
+    assert_eq!(
+        second.n_prompt_cached,
+        1 + head.len() + kept.len(),
+        "BOS + head, then the kept turn moved up"
+    );
+    assert_eq!(second.content, reference(&prompt, 8));
+    // the same again with a minimum longer than the kept turn: only the prefix is reused
+    let (_, third) = finish(submit(&h, &format!("{head}{dropped}{kept}Bye."), greedy(1)));
+    third.expect("final");
+    let (_, fourth) = finish(submit(&h, &prompt, reuse(kept.len() as i32 + 1)));
+    let fourth = fourth.expect("final");
+    assert_eq!(fourth.n_prompt_cached, 1 + head.len());
+    assert_eq!(fourth.content, second.content);
+}
+
 #[test]
 fn a_dropped_receiver_frees_the_slot() {
     let mut engine = MockEngine::new(4096);

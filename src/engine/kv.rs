@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{EngineError, SeqId};
 use crate::backend::cpu::quant::quantize_kv_row;
+use crate::model::quants::dequantize;
 use crate::model::GgmlType;
 
 /// One sequence's cells: `pos[c]` is cell `c`'s position; layer `l`'s K row of cell `c` is
@@ -224,12 +225,62 @@ impl KvCache {
     }
 
     pub fn seq_rm(&mut self, s: SeqId, p0: u32, p1: Option<u32>) {
-        let vs = self.v_stored();
-        let Some(cells) = self.seqs.get_mut(&s) else {
+        let Some(cells) = self.seqs.get(&s) else {
             return;
         };
         let p1 = p1.unwrap_or(u32::MAX);
         let keep: Vec<bool> = cells.pos.iter().map(|&p| p < p0 || p >= p1).collect();
+        self.retain(s, &keep);
+    }
+
+    /// Moves `s`'s cells at positions `[p0, p1)` by `delta` (llama.cpp's `seq_add`): each moved
+    /// cell's layer-`l` K row is handed to `rotate(l, row)` in f32 (`k_width` values) to be
+    /// turned for its new place and goes back in the cache type, as llama.cpp's K-shift casts a
+    /// quantized cache to f32 and back. A cell moved below position 0 is dropped, as there.
+    pub fn shift(
+        &mut self,
+        s: SeqId,
+        (p0, p1): (u32, u32),
+        delta: i32,
+        mut rotate: impl FnMut(usize, &mut [f32]),
+    ) {
+        let (kr, tk) = (self.k_row, self.type_k);
+        let width = kr / tk.type_size() * tk.block_size();
+        let Some(cells) = self.seqs.get_mut(&s) else {
+            return;
+        };
+        if delta == 0 {
+            return;
+        }
+        let mut row = vec![0f32; width];
+        let mut keep = vec![true; cells.pos.len()];
+        for c in 0..cells.pos.len() {
+            let p = cells.pos[c];
+            if p < p0 || p >= p1 {
+                continue;
+            }
+            let moved = i64::from(p) + i64::from(delta);
+            if moved < 0 {
+                keep[c] = false;
+                continue;
+            }
+            cells.pos[c] = moved as u32;
+            for (l, k) in cells.k.iter_mut().enumerate() {
+                let bytes = &mut k[c * kr..(c + 1) * kr];
+                dequantize(tk, bytes, &mut row).expect("cache rows are whole blocks");
+                rotate(l, &mut row);
+                quantize_kv_row(tk, &row, bytes);
+            }
+        }
+        self.retain(s, &keep);
+    }
+
+    /// Keeps the cells of `s` whose `keep` entry is set, in their order.
+    fn retain(&mut self, s: SeqId, keep: &[bool]) {
+        let vs = self.v_stored();
+        let Some(cells) = self.seqs.get_mut(&s) else {
+            return;
+        };
         if keep.iter().all(|&k| k) {
             return;
         }
@@ -330,6 +381,49 @@ mod tests {
                 capacity: 8
             })
         );
+    }
+
+    /// A shift moves positions, turns only the moved cells' K rows (every layer's, through the
+    /// cache type), leaves V alone and drops cells moved below 0.
+    #[test]
+    fn shift_moves_positions_and_turns_keys() {
+        let mut kv = cache();
+        fill(&mut kv, 0, 6);
+        kv.seq_rm(0, 1, Some(3));
+        let mut seen = Vec::new();
+        kv.shift(0, (3, 6), -2, |l, row| {
+            seen.push((l, row[0]));
+            row.iter_mut().for_each(|v| *v += 0.5 + l as f32);
+        });
+        assert_eq!(kv.seq(0).unwrap().pos, vec![0, 1, 2, 3]);
+        assert_eq!(
+            seen,
+            vec![(0, 3.0), (1, 3.0), (0, 4.0), (1, 4.0), (0, 5.0), (1, 5.0)]
+        );
+        let k_at = |kv: &KvCache, l: usize, c: usize| {
+            let mut v = [0.0f32; 4];
+            let row = &kv.seq(0).unwrap().k[l][c * 8..(c + 1) * 8];
+            crate::backend::cpu::vec::f16_to_f32_slice(row, &mut v);
+            v[0]
+        };
+        let v_at = |kv: &KvCache, c: usize| {
+            let mut v = [0.0f32; 4];
+            let row = &kv.seq(0).unwrap().v[1][c * 8..(c + 1) * 8];
+            crate::backend::cpu::vec::f16_to_f32_slice(row, &mut v);
+            v[0]
+        };
+        // cell 0 (position 0) untouched; the cell now at position 1 held position 3's rows
+        assert_eq!(k_at(&kv, 0, 0), 0.0);
+        assert_eq!(k_at(&kv, 0, 1), 3.5);
+        assert_eq!(k_at(&kv, 1, 1), 4.5);
+        assert_eq!(v_at(&kv, 1), 3.0);
+        // moved below position 0: dropped
+        kv.shift(0, (0, 2), -1, |_, _| {});
+        assert_eq!(kv.seq(0).unwrap().pos, vec![0, 2, 3]);
+        assert_eq!(k_at(&kv, 0, 0), 3.5);
+        // no move, no change
+        kv.shift(0, (0, 9), 0, |_, row| row.fill(9.0));
+        assert_eq!(k_at(&kv, 0, 0), 3.5);
     }
 
     /// Latent attention's key-only cache: V is read from the start of each K row, through

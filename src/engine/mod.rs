@@ -156,6 +156,15 @@ pub trait Forward: Send {
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>);
     /// Copies the cached positions `[0, n)` of `src` into `dst` (prompt-cache reuse).
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32);
+    /// Whether [`seq_add`](Forward::seq_add) can move cached positions (llama.cpp's
+    /// `llama_memory_can_shift`): the server's `--cache-reuse` needs it.
+    fn can_shift(&self) -> bool {
+        false
+    }
+    /// Moves `seq`'s cached positions `[p0, p1)` by `delta`, their keys rotated to the new
+    /// positions as llama.cpp's K-shift rotates them. Does nothing where
+    /// [`can_shift`](Forward::can_shift) is false.
+    fn seq_add(&mut self, _seq: SeqId, _p0: u32, _p1: u32, _delta: i32) {}
     /// Saves `seq`'s cached positions for the host prompt cache; `None` when the sequence is
     /// empty or this engine cannot (the default).
     fn seq_save(&self, _seq: SeqId) -> Option<SeqState> {

@@ -660,6 +660,33 @@ impl Forward for Model {
         self.kv.seq_cp(src, dst, n);
     }
 
+    /// Grouped-query attention caches shift; latent attention's (whose rotary part sits after
+    /// the compressed row, with its own magnitude rule in llama.cpp) does not yet.
+    fn can_shift(&self) -> bool {
+        !self.spec.latent_attn
+    }
+
+    /// llama.cpp's K-shift: every key head of a moved cell turned by RoPE at the difference of
+    /// positions, with the layer's base and scale (YaRN's magnitude factor included, as there).
+    fn seq_add(&mut self, seq: SeqId, p0: u32, p1: u32, delta: i32) {
+        if !self.can_shift() || delta == 0 || p0 >= p1 {
+            return;
+        }
+        let hp = &self.hp;
+        let caches: Vec<Vec<(f32, f32)>> = self
+            .w
+            .layers
+            .iter()
+            .map(|l| rope_cache_at(delta as f32, hp.n_rot, l.rope_base, l.rope_scale, &hp.yarn))
+            .collect();
+        let (hk, kind) = (hp.head_dim_k, self.spec.rope);
+        self.kv.shift(seq, (p0, p1), delta, |l, row| {
+            for head in row.chunks_exact_mut(hk) {
+                rope(head, &caches[l], kind);
+            }
+        });
+    }
+
     fn seq_save(&self, seq: SeqId) -> Option<SeqState> {
         let cells = self.kv.seq(seq)?.clone();
         let bytes =
@@ -826,6 +853,18 @@ fn dense_ffn(
 /// `base^(-2/n_rot)` step by step in f32, with YaRN's ramp between the interpolated and the
 /// extrapolated angle and its magnitude factor where `yarn` asks for them.
 pub fn rope_cache(pos: u32, n_rot: usize, base: f32, scale: f32, yarn: &Yarn) -> Vec<(f32, f32)> {
+    rope_cache_at(pos as f32, n_rot, base, scale, yarn)
+}
+
+/// [`rope_cache`] at any position, negative ones included (a K-shift turns keys by the
+/// difference between their new and old positions).
+pub fn rope_cache_at(
+    pos: f32,
+    n_rot: usize,
+    base: f32,
+    scale: f32,
+    yarn: &Yarn,
+) -> Vec<(f32, f32)> {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let ext = yarn.ext_factor;
     let corr = if ext != 0.0 {
@@ -839,7 +878,7 @@ pub fn rope_cache(pos: u32, n_rot: usize, base: f32, scale: f32, yarn: &Yarn) ->
     } else {
         yarn.attn_factor
     };
-    let mut theta = pos as f32;
+    let mut theta = pos;
     (0..n_rot / 2)
         .map(|i| {
             let extrap = theta;

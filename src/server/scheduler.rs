@@ -913,11 +913,29 @@ impl Scheduler {
         let users = user_starts(&request.tokens, &delimiters);
         let slot = &mut self.slots[slot_idx];
         let seq = slot.id as SeqId;
-        let n_shared = if params.cache_prompt {
+        let mut n_shared = if params.cache_prompt {
             common_prefix(&slot.cache, &request.tokens)
         } else {
             0
         };
+        if params.cache_prompt && params.n_cache_reuse > 0 {
+            if self.engine.can_shift() {
+                n_shared = reuse_chunks(
+                    self.engine.as_mut(),
+                    seq,
+                    &mut slot.cache,
+                    &request.tokens,
+                    n_shared,
+                    params.n_cache_reuse as usize,
+                );
+            } else {
+                log::warn!(
+                    "slot {}: cache reuse is not supported - ignoring n_cache_reuse = {}",
+                    slot.id,
+                    params.n_cache_reuse
+                );
+            }
+        }
         // With an attention window, upstream resumes from a checkpoint inside the shared prefix.
         let mut n_past = slot.checkpoints.resume(
             &self.checkpoint_policy,
@@ -1633,6 +1651,50 @@ fn final_result(
         n_tokens_cached: n_cached,
         timings: active.timings(),
     }
+}
+
+/// llama-server's `--cache-reuse`: after the `n_past` tokens `cache` shares with `prompt`, each
+/// run of at least `min` cached tokens that the prompt has next is moved to its prompt positions
+/// (the cells between removed, the run's keys shifted), so it needs no evaluation; cached
+/// tokens that start no such run are skipped. Returns how many leading tokens of `cache` now
+/// equal the prompt's and sit at their positions; the cells after them are the caller's to drop.
+fn reuse_chunks(
+    engine: &mut dyn Forward,
+    seq: SeqId,
+    cache: &mut [u32],
+    prompt: &[u32],
+    mut n_past: usize,
+    min: usize,
+) -> usize {
+    let (mut head_c, mut head_p) = (n_past, n_past);
+    while head_c < cache.len() && head_p < prompt.len() {
+        let n = cache[head_c..]
+            .iter()
+            .zip(&prompt[head_p..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if n >= min {
+            log::debug!(
+                "reusing chunk with size {n}, shifting KV cache [{head_c}, {}) -> [{head_p}, {})",
+                head_c + n,
+                head_p + n
+            );
+            engine.seq_rm(seq, head_p as u32, Some(head_c as u32));
+            engine.seq_add(
+                seq,
+                head_c as u32,
+                (head_c + n) as u32,
+                head_p as i32 - head_c as i32,
+            );
+            cache.copy_within(head_c..head_c + n, head_p);
+            n_past += n;
+            head_c += n;
+            head_p += n;
+        } else {
+            head_c += 1;
+        }
+    }
+    n_past
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -2,8 +2,9 @@
 //! (the project's own tests and anyone checking the HTTP surface).
 //!
 //! `ByteCodec`: tokens 0..=255 are bytes, 256 is BOS, 257 is EOS. `MockEngine`: a KV cache of
-//! token ids per sequence, and logits that are a pure function of the sequence's whole content,
-//! so a wrong cache (a missed or misplaced token) changes the output.
+//! (position, token id) cells per sequence, and logits that are a pure function of the
+//! sequence's whole content in position order, so a wrong cache (a missed or misplaced token)
+//! changes the output.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -85,7 +86,9 @@ pub struct MockEngine {
     pub step_delay: Duration,
     /// Emit EOS after a sequence reaches this many tokens (`usize::MAX`: never).
     pub eos_after: usize,
-    cache: HashMap<SeqId, Vec<u32>>,
+    /// (position, token) cells per sequence, as a KV cache holds them: removing a range leaves
+    /// a gap, and only a shift moves positions.
+    cache: HashMap<SeqId, Vec<(u32, u32)>>,
     /// The size of every `decode` call, shared so a test can read it while the engine runs.
     pub step_sizes: Arc<Mutex<Vec<usize>>>,
     /// Whether it saves sequences for the host prompt cache (an engine may not).
@@ -148,7 +151,8 @@ impl Forward for MockEngine {
                 )));
             }
             let cells = self.cache.entry(seq).or_default();
-            if pos != cells.len() {
+            // the cached positions must be exactly 0..pos
+            if pos != cells.len() || cells.iter().any(|&(p, _)| p as usize >= pos) {
                 return Err(EngineError::BadBatch(format!(
                     "sequence {seq}: position {pos} but {} cells cached",
                     cells.len()
@@ -161,10 +165,12 @@ impl Forward for MockEngine {
                     capacity: self.n_ctx,
                 });
             }
-            cells.push(tok);
+            cells.push((pos as u32, tok));
             if batch.logits[i] {
-                let snapshot = cells.clone();
-                self.logits_for(&snapshot, out);
+                let mut ordered = cells.clone();
+                ordered.sort_unstable();
+                let tokens: Vec<u32> = ordered.iter().map(|&(_, t)| t).collect();
+                self.logits_for(&tokens, out);
             }
         }
         Ok(())
@@ -172,19 +178,37 @@ impl Forward for MockEngine {
 
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>) {
         if let Some(cells) = self.cache.get_mut(&seq) {
-            let p0 = (p0 as usize).min(cells.len());
-            let p1 = p1.map_or(cells.len(), |p| (p as usize).min(cells.len()));
-            cells.drain(p0..p1.max(p0));
+            let p1 = p1.unwrap_or(u32::MAX);
+            cells.retain(|&(p, _)| p < p0 || p >= p1);
         }
     }
 
     fn seq_cp(&mut self, src: SeqId, dst: SeqId, n: u32) {
-        let copied: Vec<u32> = self
+        let copied: Vec<(u32, u32)> = self
             .cache
             .get(&src)
-            .map(|c| c[..(n as usize).min(c.len())].to_vec())
+            .map(|c| c.iter().copied().filter(|&(p, _)| p < n).collect())
             .unwrap_or_default();
         self.cache.insert(dst, copied);
+    }
+
+    fn can_shift(&self) -> bool {
+        true
+    }
+
+    fn seq_add(&mut self, seq: SeqId, p0: u32, p1: u32, delta: i32) {
+        let Some(cells) = self.cache.get_mut(&seq) else {
+            return;
+        };
+        for cell in cells.iter_mut() {
+            if cell.0 >= p0 && cell.0 < p1 {
+                cell.0 = (i64::from(cell.0) + i64::from(delta)) as u32;
+            }
+        }
+        let mut seen: Vec<u32> = cells.iter().map(|&(p, _)| p).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), cells.len(), "seq_add moved a cell onto another");
     }
 
     fn seq_save(&self, seq: SeqId) -> Option<SeqState> {
@@ -197,7 +221,7 @@ impl Forward for MockEngine {
     }
 
     fn seq_load(&mut self, seq: SeqId, state: &SeqState) -> bool {
-        match state.get::<Vec<u32>>() {
+        match state.get::<Vec<(u32, u32)>>() {
             Some(cells) => {
                 self.cache.insert(seq, cells.clone());
                 true
