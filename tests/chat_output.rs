@@ -834,3 +834,848 @@ fn new_families_never_leak_cut_or_malformed_calls() {
         );
     }
 }
+
+/// The output format of an upstream template after a prompt ending as given.
+fn format_after(name: &str, prompt: &str) -> Option<OutputFormat> {
+    let src = template_source(name)?;
+    let template =
+        ChatTemplate::from_source(&src, SpecialTokens::default()).expect("template loads");
+    Some(OutputFormat::for_template(&template, prompt))
+}
+
+const MM: &str = "]<]minimax[>[";
+
+/// A MiniMax M3 tool-call block of the given invokes.
+fn mm_block(invokes: &[(&str, &str)]) -> String {
+    let mut out = format!("{MM}<tool_call>\n");
+    for (name, params) in invokes {
+        out.push_str(&format!(
+            "{MM}<invoke name=\"{name}\">{}{MM}</invoke>\n",
+            params.replace("@", MM)
+        ));
+    }
+    out.push_str(&format!("{MM}</tool_call>"));
+    out
+}
+
+#[test]
+fn minimax_m3_namespaced_calls() {
+    // upstream detects MiniMax M3 before its generic handlers (it used to fall to Hermes here)
+    let Some(f) = format_of("MiniMax-M3") else {
+        return;
+    };
+    let r = ReasoningFormat::Auto;
+    // test-chat.cpp: MiniMax-M3 tests
+    check(
+        &f,
+        "</mm:think>Hello, world!\nWhat's up?",
+        r,
+        msg(HELLO, "", vec![]),
+    );
+    check(
+        &f,
+        "<mm:think>I'm\nthinking</mm:think>Hello, world!\nWhat's up?",
+        r,
+        msg(HELLO, "I'm\nthinking", vec![]),
+    );
+    let t = format!(
+        "<mm:think>Let me check the time</mm:think>{}",
+        mm_block(&[("get_time", "@<city>Tokyo@</city>")])
+    );
+    check(
+        &f,
+        &t,
+        r,
+        msg(
+            "",
+            "Let me check the time",
+            vec![call("get_time", "{\"city\":\"Tokyo\"}")],
+        ),
+    );
+    let t = format!(
+        "</mm:think>{}",
+        mm_block(&[("special_function", "@<arg1>1@</arg1>")])
+    );
+    check(
+        &f,
+        &t,
+        r,
+        msg("", "", vec![call("special_function", "{\"arg1\":1}")]),
+    );
+    let t = format!(
+        "<mm:think>Let's call a tool:</mm:think>{}",
+        mm_block(&[("empty_args", "")])
+    );
+    check(
+        &f,
+        &t,
+        r,
+        msg("", "Let's call a tool:", vec![call("empty_args", "{}")]),
+    );
+    let t = format!(
+        "<mm:think>Calling both</mm:think>{}",
+        mm_block(&[
+            ("get_time", "@<city>Paris@</city>"),
+            ("get_weather", "@<city>Paris@</city>")
+        ])
+    );
+    check(
+        &f,
+        &t,
+        r,
+        msg(
+            "",
+            "Calling both",
+            vec![
+                call("get_time", "{\"city\":\"Paris\"}"),
+                call("get_weather", "{\"city\":\"Paris\"}"),
+            ],
+        ),
+    );
+    let t = format!(
+        "<mm:think>Thinking about it</mm:think>Let me call the function.{}",
+        mm_block(&[("special_function", "@<arg1>1@</arg1>")])
+    );
+    check(
+        &f,
+        &t,
+        r,
+        msg(
+            "Let me call the function.",
+            "Thinking about it",
+            vec![call("special_function", "{\"arg1\":1}")],
+        ),
+    );
+    for (params, args) in [
+        ("@<ref>-14@</ref>", "{\"ref\":-14}"),
+        ("@<orig>3.14@</orig>", "{\"orig\":3.14}"),
+        ("@<enabled>true@</enabled>", "{\"enabled\":true}"),
+        ("@<ref>42@</ref>@<name>foo bar@</name>", "{\"ref\":42,\"name\":\"foo bar\"}"),
+        ("@<number>@<real>1.5@</real>@<imaginary>-2.5@</imaginary>@</number>", "{\"number\":{\"real\":1.5,\"imaginary\":-2.5}}"),
+        ("@<tags>@<item>alpha@</item>@<item>beta@</item>@</tags>@<entries>@<item>@<id>1@</id>@<label>one@</label>@</item>@</entries>",
+            "{\"tags\":[\"alpha\",\"beta\"],\"entries\":[{\"id\":1,\"label\":\"one\"}]}"),
+        ("@<limit>@<max>10@</max>@</limit>", "{\"limit\":{\"max\":10}}"),
+    ] {
+        let t = format!("<mm:think>x</mm:think>{}", mm_block(&[("f", params)]));
+        check(&f, &t, r, msg("", "x", vec![call("f", args)]));
+    }
+    let t = format!(
+        "<mm:think></mm:think>{}",
+        mm_block(&[("get_time", "@<city>XYZCITY@</city>")])
+    );
+    check(
+        &f,
+        &t,
+        r,
+        msg("", "", vec![call("get_time", "{\"city\":\"XYZCITY\"}")]),
+    );
+}
+
+#[test]
+fn muse_glimmer_recipient_messages() {
+    // upstream has a dedicated muse-glimmer parser (it used to fall to Llama 3 JSON here)
+    let Some(f) = format_of("muse-glimmer") else {
+        return;
+    };
+    let r = ReasoningFormat::Auto;
+    let markup = "<atem:function_calls>\n<atem:invoke name=\"special_function\">\n<atem:parameter name=\"arg1\">1</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
+    // test-chat.cpp: muse-glimmer tests
+    check(
+        &f,
+        " to=user<|message|>Hello, world!\nWhat's up?<|eot|>",
+        r,
+        msg(HELLO, "", vec![]),
+    );
+    check(
+        &f,
+        &format!(" to=special_function<|message|>{markup}"),
+        r,
+        msg("", "", vec![call("special_function", "{\"arg1\":1}")]),
+    );
+    check(&f, &format!(" to=user<|message|>Hello, world!\nWhat's up?<|eom|><|start|>assistant to=special_function<|message|>{markup}"), r,
+        msg(HELLO, "", vec![call("special_function", "{\"arg1\":1}")]));
+    let quoted = format!("You invoke it like this:\n{markup}");
+    check(
+        &f,
+        &format!(" to=user<|message|>{quoted}<|eot|>"),
+        r,
+        msg(&quoted, "", vec![]),
+    );
+    check(&f, " to=self<|message|>I need to output the invoice details in JSON<|eom|><|start|>assistant to=user<|message|>{\"amount\": 123.45}", r,
+        msg("{\"amount\": 123.45}", "I need to output the invoice details in JSON", vec![]));
+    check(&f, &format!(" to=self<|message|>I could use {markup} here<|eom|><|start|>assistant to=user<|message|>Hello!<|eot|>"), r,
+        msg("Hello!", &format!("I could use {markup} here"), vec![]));
+}
+
+#[test]
+fn deepseek_dsml_calls() {
+    let d = ReasoningFormat::Deepseek;
+    // test-chat.cpp: DeepSeek-V3.2 and DeepSeek-V4 tests (same cases, block named
+    // `function_calls` / `tool_calls`)
+    for (name, block, no_think) in [
+        (
+            "deepseek-ai-DeepSeek-V3.2",
+            "function_calls",
+            "<｜Assistant｜><think></think>",
+        ),
+        (
+            "deepseek-ai-DeepSeek-V4",
+            "tool_calls",
+            "<｜Assistant｜></think>",
+        ),
+    ] {
+        let (Some(f), Some(off)) = (
+            format_after(name, "<｜Assistant｜><think>"),
+            format_after(name, no_think),
+        ) else {
+            return;
+        };
+        let calls = |invokes: &str| format!("<｜DSML｜{block}>\n{invokes}</｜DSML｜{block}>");
+        let invoke = |n: &str, k: &str, s: bool, v: &str| {
+            format!("<｜DSML｜invoke name=\"{n}\">\n<｜DSML｜parameter name=\"{k}\" string=\"{s}\">{v}</｜DSML｜parameter>\n</｜DSML｜invoke>\n")
+        };
+        check(&off, HELLO, d, msg(HELLO, "", vec![]));
+        check(
+            &f,
+            "I'm\nthinking</think>Hello, world!\nWhat's up?",
+            d,
+            msg(HELLO, "I'm\nthinking", vec![]),
+        );
+        check(
+            &f,
+            &format!(
+                "Let me check the time</think>\n\n{}",
+                calls(&invoke("get_time", "city", true, "Tokyo"))
+            ),
+            d,
+            msg(
+                "",
+                "Let me check the time",
+                vec![call("get_time", "{\"city\":\"Tokyo\"}")],
+            ),
+        );
+        check(
+            &off,
+            &calls(&invoke("special_function", "arg1", false, "1")),
+            d,
+            msg("", "", vec![call("special_function", "{\"arg1\":1}")]),
+        );
+        check(
+            &f,
+            &format!(
+                "Calling both</think>\n\n{}",
+                calls(&format!(
+                    "{}{}",
+                    invoke("get_time", "city", true, "Paris"),
+                    invoke("get_weather", "city", true, "Paris")
+                ))
+            ),
+            d,
+            msg(
+                "",
+                "Calling both",
+                vec![
+                    call("get_time", "{\"city\":\"Paris\"}"),
+                    call("get_weather", "{\"city\":\"Paris\"}"),
+                ],
+            ),
+        );
+        check(
+            &f,
+            &format!(
+                "Thinking about it</think>Let me call the function.\n\n{}",
+                calls(&invoke("special_function", "arg1", false, "1"))
+            ),
+            d,
+            msg(
+                "Let me call the function.",
+                "Thinking about it",
+                vec![call("special_function", "{\"arg1\":1}")],
+            ),
+        );
+        check(
+            &f,
+            &format!(
+                "Test negative</think>\n\n{}",
+                calls(&invoke("magic_int", "ref", false, "-14"))
+            ),
+            d,
+            msg(
+                "",
+                "Test negative",
+                vec![call("magic_int", "{\"ref\":-14}")],
+            ),
+        );
+        // derived from upstream's parser: a call block ends reasoning the model never closed
+        check(
+            &f,
+            &format!(
+                "Thinking\n\n{}",
+                calls(&invoke("get_time", "city", true, "Rome"))
+            ),
+            d,
+            msg(
+                "",
+                "Thinking",
+                vec![call("get_time", "{\"city\":\"Rome\"}")],
+            ),
+        );
+    }
+}
+
+#[test]
+fn kimi_k3_sections() {
+    let Some(f) = format_after(
+        "Kimi-K3",
+        "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>",
+    ) else {
+        return;
+    };
+    let a = ReasoningFormat::Auto;
+    // test-chat.cpp: Kimi-K3 tests
+    check(&f, "<|open|>response<|sep|>Hello, world!\nWhat's up?<|close|>response<|sep|><|close|>message<|sep|>", a, msg(HELLO, "", vec![]));
+    check(&f, "I'm thinking about this<|close|>think<|sep|><|open|>response<|sep|>Hello, world!\nWhat's up?<|close|>response<|sep|><|close|>message<|sep|>", a,
+        msg(HELLO, "I'm thinking about this", vec![]));
+    check(&f, "<|open|>response<|sep|>Use the response tag, then message the handler.<|close|>response<|sep|><|close|>message<|sep|>", a,
+        msg("Use the response tag, then message the handler.", "", vec![]));
+    check(
+        &f,
+        "I was still thinking when the budget ran out",
+        a,
+        msg("", "I was still thinking when the budget ran out", vec![]),
+    );
+    let arg = |k: &str, t: &str, v: &str| {
+        format!("<|open|>argument key=\"{k}\" type=\"{t}\"<|sep|>{v}<|close|>argument<|sep|>")
+    };
+    let tool = |n: &str, i: usize, args: &str| {
+        format!("<|open|>call tool=\"{n}\" index=\"{i}\"<|sep|>{args}<|close|>call<|sep|>")
+    };
+    let tools = |calls: &str| {
+        format!("<|open|>tools<|sep|>{calls}<|close|>tools<|sep|><|close|>message<|sep|>")
+    };
+    check(
+        &f,
+        &format!(
+            "<|open|>response<|sep|><|close|>response<|sep|>{}",
+            tools(&tool("special_function", 1, &arg("arg1", "number", "1")))
+        ),
+        a,
+        msg("", "", vec![call("special_function", "{\"arg1\":1}")]),
+    );
+    check(&f, &format!("I should call it<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|>{}", tools(&tool("special_function", 1, &arg("arg1", "number", "1")))), a,
+        msg("On it.", "I should call it", vec![call("special_function", "{\"arg1\":1}")]));
+    let two = format!(
+        "{}{}",
+        arg("arg1", "number", "1"),
+        arg("arg2", "number", "2")
+    );
+    check(
+        &f,
+        &format!(
+            "<|open|>response<|sep|><|close|>response<|sep|>{}",
+            tools(&format!(
+                "{}{}",
+                tool("special_function", 1, &arg("arg1", "number", "1")),
+                tool("special_function_with_opt", 2, &two)
+            ))
+        ),
+        a,
+        msg(
+            "",
+            "",
+            vec![
+                call("special_function", "{\"arg1\":1}"),
+                call("special_function_with_opt", "{\"arg1\":1,\"arg2\":2}"),
+            ],
+        ),
+    );
+    check(
+        &f,
+        &format!(
+            "<|open|>response<|sep|><|close|>response<|sep|>{}",
+            tools(&tool("python", 1, &arg("code", "string", "print('hey')")))
+        ),
+        a,
+        msg("", "", vec![call("python", "{\"code\":\"print('hey')\"}")]),
+    );
+    // thinking off: the prompt opened the response (derived from upstream's parser, which reads
+    // the output after the generation prompt)
+    let Some(off) = format_after(
+        "Kimi-K3",
+        "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>",
+    ) else {
+        return;
+    };
+    check(
+        &off,
+        "Hello, world!\nWhat's up?<|close|>response<|sep|><|close|>message<|sep|>",
+        a,
+        msg(HELLO, "", vec![]),
+    );
+}
+
+#[test]
+fn gemma4_channels_and_calls() {
+    let Some(f) = format_of("google-gemma-4-31B-it") else {
+        return;
+    };
+    let a = ReasoningFormat::Auto;
+    // test-chat.cpp: gemma-4-31B-it tests
+    check(&f, "Hello, world!", a, msg("Hello, world!", "", vec![]));
+    check(
+        &f,
+        "<|channel>thought\nI'm\nthinking<channel|>Hello, world!\nWhat's up?",
+        a,
+        msg(HELLO, "I'm\nthinking", vec![]),
+    );
+    check(
+        &f,
+        "<|channel>thought<channel|>Hello, world!\nWhat's up?",
+        a,
+        msg(HELLO, "", vec![]),
+    );
+    let raw = "<|channel>thought\nI'm\nthinking<channel|>Hello, world!\nWhat's up?";
+    check(&f, raw, ReasoningFormat::None, msg(raw, "", vec![]));
+    let q = |s: &str| format!("<|\"|>{s}<|\"|>");
+    let tc = |n: &str, a: &str| format!("<|tool_call>call:{n}{a}<tool_call|>");
+    check(
+        &f,
+        &tc("get_time", &format!("{{city:{}}}", q("London"))),
+        a,
+        msg("", "", vec![call("get_time", "{\"city\":\"London\"}")]),
+    );
+    check(
+        &f,
+        &tc("get_time", &format!("{{city:{}}}", q("San Francisco"))),
+        a,
+        msg(
+            "",
+            "",
+            vec![call("get_time", "{\"city\":\"San Francisco\"}")],
+        ),
+    );
+    check(
+        &f,
+        &tc("empty_args", "{}"),
+        a,
+        msg("", "", vec![call("empty_args", "{}")]),
+    );
+    check(
+        &f,
+        &format!(
+            "Hello, world!\nWhat's up?{}",
+            tc("get_time", &format!("{{city:{}}}", q("Paris")))
+        ),
+        a,
+        msg(HELLO, "", vec![call("get_time", "{\"city\":\"Paris\"}")]),
+    );
+    check(
+        &f,
+        &format!(
+            "<|channel>thought\nI'm\nthinking<channel|>{}",
+            tc("get_time", &format!("{{city:{}}}", q("Paris")))
+        ),
+        a,
+        msg(
+            "",
+            "I'm\nthinking",
+            vec![call("get_time", "{\"city\":\"Paris\"}")],
+        ),
+    );
+    check(
+        &f,
+        &format!(
+            "{}{}",
+            tc("get_time", &format!("{{city:{}}}", q("London"))),
+            tc("get_weather", &format!("{{city:{}}}", q("Paris")))
+        ),
+        a,
+        msg(
+            "",
+            "",
+            vec![
+                call("get_time", "{\"city\":\"London\"}"),
+                call("get_weather", "{\"city\":\"Paris\"}"),
+            ],
+        ),
+    );
+    for (args, json) in [
+        ("{arg1:42}", "{\"arg1\":42}"),
+        ("{arg1:-7}", "{\"arg1\":-7}"),
+        ("{orig:3.14}", "{\"orig\":3.14}"),
+        ("{enabled:true}", "{\"enabled\":true}"),
+        ("{enabled:false}", "{\"enabled\":false}"),
+        ("{value:null}", "{\"value\":null}"),
+        (
+            "{todos:[<|\"|>buy milk<|\"|>,<|\"|>walk dog<|\"|>]}",
+            "{\"todos\":[\"buy milk\",\"walk dog\"]}",
+        ),
+        (
+            "{config:{theme:<|\"|>dark<|\"|>,count:3}}",
+            "{\"config\":{\"theme\":\"dark\",\"count\":3}}",
+        ),
+        ("{todos:[]}", "{\"todos\":[]}"),
+        ("{config:{}}", "{\"config\":{}}"),
+        ("{orig:1.5e10}", "{\"orig\":1.5e10}"),
+    ] {
+        check(&f, &tc("f", args), a, msg("", "", vec![call("f", json)]));
+    }
+    // edge cases
+    check(
+        &f,
+        "<|channel>thought\n<channel|>Hello, world!\nWhat's up?<channel|>",
+        a,
+        msg(HELLO, "", vec![]),
+    );
+    check(
+        &f,
+        "<|channel>thought\n<channel|>Hello, world!\nWhat's up?<|channel>thought\n<channel|>",
+        a,
+        msg(HELLO, "", vec![]),
+    );
+    check(&f, "<|channel>thought\n<channel|>Hello, world!\nWhat's up?<|channel>thought\n<channel|><channel|>", a, msg(HELLO, "", vec![]));
+    check(
+        &f,
+        "<|channel><|channel>thought\n<channel|>Hello, world!\nWhat's up?",
+        a,
+        msg(HELLO, "", vec![]),
+    );
+}
+
+#[test]
+fn newer_families_never_leak_cut_or_malformed_calls() {
+    let cases = [
+        ("MiniMax-M3", "</mm:think>Ok.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"f\">]<]minimax[>[<a>1"),
+        ("muse-glimmer", " to=user<|message|>Ok.<|eom|><|start|>assistant to=f<|message|><atem:function_calls>\n<atem:invoke name=\"f\">\n<atem:parameter name=\"a\">1"),
+        ("deepseek-ai-DeepSeek-V3.2", "x</think>Ok.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"false\">{oops</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
+        ("Kimi-K3", "x<|close|>think<|sep|><|open|>response<|sep|>Ok.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"a\" type=\"number\"<|sep|>1"),
+        ("google-gemma-4-31B-it", "Ok.<|tool_call>call:f{a:<|\"|>unterminated}<tool_call|>"),
+        ("GigaChat3-10B-A1.8B", "Ok.<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}"),
+        ("openbmb-MiniCPM5-1B", "x</think>Ok.<function name=\"f\"><param name=\"a\">1"),
+    ];
+    for (name, text) in cases {
+        let Some(f) = format_of(name) else {
+            return;
+        };
+        let parsed = f.parse(text, ReasoningFormat::Deepseek, true, false);
+        assert!(parsed.tool_calls.is_empty(), "{name}: {parsed:?}");
+        assert_eq!(parsed.content.trim(), "Ok.", "{name} leaked: {parsed:?}");
+        let mut stream = StreamParser::new(f.clone(), ReasoningFormat::Deepseek, true);
+        let mut shown = String::new();
+        for c in text.chars() {
+            for d in stream.push(&c.to_string()) {
+                if let Delta::Content(c) = d {
+                    shown.push_str(&c);
+                }
+            }
+        }
+        let (last, _) = stream.finish();
+        assert_eq!(shown.trim(), "Ok.", "{name} streamed {shown:?}");
+        assert_eq!(last.content.trim(), "Ok.", "{name}: {last:?}");
+    }
+}
+
+#[test]
+fn gigachat_calls() {
+    let a = ReasoningFormat::Auto;
+    // test-chat.cpp: GigaChat3 and GigaChat3.1 tests (3.1 goes to upstream's generated parser)
+    for (name, opener) in [
+        (
+            "GigaChat3-10B-A1.8B",
+            "<|message_sep|>\n\nfunction call<|role_sep|>\n",
+        ),
+        ("GigaChat3.1-10B-A1.8B", "<|function_call|>"),
+    ] {
+        let Some(f) = format_of(name) else {
+            return;
+        };
+        let body = "{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}";
+        check(&f, HELLO, a, msg(HELLO, "", vec![]));
+        check(
+            &f,
+            &format!("{opener}{body}"),
+            a,
+            msg("", "", vec![call("special_function", "{\"arg1\": 1}")]),
+        );
+        check(
+            &f,
+            &format!("{HELLO}{opener}{body}"),
+            a,
+            msg(HELLO, "", vec![call("special_function", "{\"arg1\": 1}")]),
+        );
+        // no thinking: tags stay content (derived from upstream's parser)
+        check(
+            &f,
+            "<think>x</think>Hi",
+            a,
+            msg("<think>x</think>Hi", "", vec![]),
+        );
+    }
+}
+
+#[test]
+fn minicpm5_function_calls() {
+    let Some(off) = format_after(
+        "openbmb-MiniCPM5-1B",
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    ) else {
+        return;
+    };
+    let on = format_after("openbmb-MiniCPM5-1B", "<|im_start|>assistant\n<think>\n").unwrap();
+    let a = ReasoningFormat::Auto;
+    // test-chat.cpp: MiniCPM5 tests
+    check(&off, HELLO, a, msg(HELLO, "", vec![]));
+    check(
+        &off,
+        "<function name=\"python\"><param name=\"code\">print('Hello, World!')</param></function>",
+        a,
+        msg(
+            "",
+            "",
+            vec![call("python", "{\"code\":\"print('Hello, World!')\"}")],
+        ),
+    );
+    check(
+        &off,
+        "<function name=\"empty_args\"></function>",
+        a,
+        msg("", "", vec![call("empty_args", "{}")]),
+    );
+    check(&off, "<function name=\"html\"><param name=\"markup\"><![CDATA[<a href=\"/x\">hi</a> </param>]]></param></function>", a,
+        msg("", "", vec![call("html", "{\"markup\":\"<a href=\\\"/x\\\">hi</a> </param>\"}")]));
+    check(&on, "I'm thinking</think><function name=\"python\"><param name=\"code\">print('hey')</param></function>", a,
+        msg("", "I'm thinking", vec![call("python", "{\"code\":\"print('hey')\"}")]));
+    check(&off, "<function name=\"python\"><param name=\"code\">print('x')</param></function>\n<function name=\"python\"><param name=\"code\">print('y')</param></function>", a,
+        msg("", "", vec![call("python", "{\"code\":\"print('x')\"}"), call("python", "{\"code\":\"print('y')\"}")]));
+    // derived from upstream's parser: content before the call, numbers typed
+    check(
+        &off,
+        "Sure.<function name=\"f\"><param name=\"n\">3</param></function>",
+        a,
+        msg("Sure.", "", vec![call("f", "{\"n\":3}")]),
+    );
+}
+
+#[test]
+fn llm_jp_harmony_messages() {
+    let Some(f) = format_of("llm-jp-llm-jp-4.1-8b-thinking") else {
+        return;
+    };
+    let a = ReasoningFormat::Auto;
+    // test-chat.cpp: llm-jp-4.1-8b-thinking tests
+    check(
+        &f,
+        "<|channel|> final<|message|> Hello, world!\nWhat's up?",
+        a,
+        msg(HELLO, "", vec![]),
+    );
+    check(
+        &f,
+        "<|channel|> final<|message|>  padded",
+        a,
+        msg(" padded", "", vec![]),
+    );
+    check(&f, "<|channel|> analysis<|message|> I'm\nthinking<|end|><|start|> assistant<|channel|> final<|message|> Hello, world!\nWhat's up?", a,
+        msg(HELLO, "I'm\nthinking", vec![]));
+    let partial = f.parse(
+        "<|channel|> analysis<|message|> I'm\nthinking",
+        a,
+        true,
+        true,
+    );
+    assert_eq!(partial, msg("", "I'm\nthinking", vec![]));
+    check(&f, "<|channel|> analysis<|message|> I'm\nthinking<|end|><|start|> assistant to=functions.special_function<|channel|> commentary <|constrain|>  json<|message|> {\"arg1\": 1}", a,
+        msg("", "I'm\nthinking", vec![call("special_function", "{\"arg1\": 1}")]));
+    check(
+        &f,
+        "<|channel|> commentary to=functions.special_function<|message|> {\"arg1\": 1}",
+        a,
+        msg("", "", vec![call("special_function", "{\"arg1\": 1}")]),
+    );
+    check(&f, "<|channel|> analysis<|message|> I'm\nthinking<|end|><|start|> assistant to=functions.special_function<|channel|> commentary <|constrain|>  json<|message|> {\"arg1\": 1}<|end|><|start|> assistant to=functions.special_function<|channel|> commentary <|constrain|>  json<|message|> {\"arg1\": 2}", a,
+        msg("", "I'm\nthinking", vec![call("special_function", "{\"arg1\": 1}"), call("special_function", "{\"arg1\": 2}")]));
+    check(&f, "<|channel|> analysis<|message|> I need to output the invoice details in JSON<|end|><|start|> assistant<|channel|> final <|constrain|>  json<|message|> {\"amount\": 123.45}", a,
+        msg("{\"amount\": 123.45}", "I need to output the invoice details in JSON", vec![]));
+    // derived from upstream's parser: a cut-short call is dropped
+    let cut = f.parse("<|channel|> final<|message|> Ok.<|end|><|start|> assistant to=functions.f<|channel|> commentary<|message|> {\"a\": ", a, true, false);
+    assert_eq!(cut, msg("Ok.", "", vec![]));
+}
+
+#[test]
+fn ling3_calls_and_trailing_content() {
+    let (Some(on), Some(off)) = (
+        format_after(
+            "inclusionai-ling-3.0-flash",
+            "<role>ASSISTANT</role>\n<think>",
+        ),
+        format_after(
+            "inclusionai-ling-3.0-flash",
+            "<role>ASSISTANT</role>\n<think>\n\n</think>\n\n",
+        ),
+    ) else {
+        return;
+    };
+    let d = ReasoningFormat::Deepseek;
+    let paris = || call("get_time", "{\"city\":\"Paris\"}");
+    let get_time =
+        "<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>";
+    // test-chat.cpp: ling-3.0-flash tests (upstream compares reasoning with its trailing newline;
+    // ours are compared trimmed, as for the other forced-open families)
+    check_stripped(
+        &on,
+        &format!("I need to check the time first.\n{get_time}"),
+        d,
+        msg("", "I need to check the time first.", vec![paris()]),
+    );
+    check_stripped(
+        &on,
+        &format!("Let me check the time.\n</think>\nChecking it now.\n{get_time}"),
+        d,
+        msg("Checking it now.", "Let me check the time.", vec![paris()]),
+    );
+    check(
+        &off,
+        &format!("{get_time}\nThe time has been checked."),
+        d,
+        msg("\nThe time has been checked.", "", vec![paris()]),
+    );
+    check(
+        &on,
+        &format!("</think>\n{get_time}\n{get_time}"),
+        d,
+        msg("", "", vec![paris(), paris()]),
+    );
+    check_stripped(&on, "check this\n</think>\n<tool_call>tool_2req_4opt\n<arg_key>req1</arg_key>\n<arg_value>contains </think> and <tool_call> strings</arg_value>\n<arg_key>req2</arg_key>\n<arg_value>1</arg_value>\n</tool_call>", d,
+        msg("", "check this", vec![call("tool_2req_4opt", "{\"req1\":\"contains </think> and <tool_call> strings\",\"req2\":1}")]));
+    check_stripped(
+        &on,
+        &format!("I need to check the time first.\n{get_time}"),
+        ReasoningFormat::None,
+        msg("I need to check the time first.", "", vec![paris()]),
+    );
+    check(
+        &off,
+        "Here is the answer.\nNo think block at all.",
+        d,
+        msg("Here is the answer.\nNo think block at all.", "", vec![]),
+    );
+    check(&off, get_time, d, msg("", "", vec![paris()]));
+    check(
+        &off,
+        "Here is the answer.<|role_end|>",
+        d,
+        msg("Here is the answer.", "", vec![]),
+    );
+    check(
+        &on,
+        &format!("</think>{get_time}<|role_end|>"),
+        d,
+        msg("", "", vec![paris()]),
+    );
+    check(&on, "</think>\n<tool_call>get_time<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>", d, msg("", "", vec![paris()]));
+    for (value, json) in [
+        ("42", "42"),
+        ("null", "null"),
+        ("hello world", "\"hello world\""),
+        ("123 Main St", "\"123 Main St\""),
+        ("1abc", "\"1abc\""),
+        ("{\"a\": 1}", "{\"a\":1}"),
+    ] {
+        let t = format!("</think>\n<tool_call>f\n<arg_key>v</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>");
+        check(
+            &on,
+            &t,
+            d,
+            msg("", "", vec![call("f", &format!("{{\"v\":{json}}}"))]),
+        );
+    }
+}
+
+#[test]
+fn apriel16_reasoning_ends_at_final_response() {
+    let Some(f) = format_of("Apriel-1.6-15b-Thinker-fixed") else {
+        return;
+    };
+    assert!(f.thinking_forced_open(), "{f:?}");
+    let a = ReasoningFormat::Auto;
+    // test-chat.cpp: Apriel 1.6 Thinker (upstream's generated parser keeps the prompt's opening
+    // phrase in the reasoning)
+    check(
+        &f,
+        "I'm\nthinking\n[BEGIN FINAL RESPONSE]\nHello, world!\nWhat's up?",
+        a,
+        msg(HELLO, "Here are my reasoning steps:\nI'm\nthinking", vec![]),
+    );
+    check(&f, "I'm\nthinking\n[BEGIN FINAL RESPONSE]\n<tool_calls>[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]</tool_calls>", a,
+        msg("", "Here are my reasoning steps:\nI'm\nthinking", vec![call("special_function", "{\"arg1\": 1}")]));
+}
+
+#[test]
+fn upstream_template_detection() {
+    use bloomery::chat::ToolSyntax as T;
+    // common/chat.cpp, common_chat_try_specialized_template (b11434): the dedicated handlers
+    // and their order; GigaChat 3.1 and Apriel 1.6 go to the generated parser
+    for (name, tools) in [
+        ("MiniMax-M3", T::MiniMaxM3),
+        ("MiniMax-M2", T::MiniMaxM2),
+        ("muse-glimmer", T::MuseGlimmer),
+        ("deepseek-ai-DeepSeek-V3.2", T::Dsml),
+        ("deepseek-ai-DeepSeek-V4", T::DsmlV4),
+        ("deepseek-ai-DeepSeek-V4-Flash-0731", T::DsmlV4),
+        ("Kimi-K3", T::KimiK3),
+        ("google-gemma-4-31B-it", T::Gemma4),
+        ("google-gemma-4-31B-it-interleaved", T::Gemma4),
+        ("GigaChat3-10B-A1.8B", T::GigaChat3),
+        ("GigaChat3.1-10B-A1.8B", T::GigaChat31),
+        ("openbmb-MiniCPM5-1B", T::MiniCpm5),
+        ("llm-jp-llm-jp-4.1-8b-thinking", T::LlmJpHarmony),
+        ("inclusionai-ling-3.0-flash", T::Ling3),
+        ("GLM-4.6", T::Glm),
+        ("Apriel-1.6-15b-Thinker-fixed", T::Apriel),
+    ] {
+        let Some(f) = format_of(name) else {
+            return;
+        };
+        assert_eq!(f.tools, tools, "{name}");
+    }
+    let Some(f) = format_of("MiniMax-M3") else {
+        return;
+    };
+    assert_eq!(
+        (f.think_start.as_str(), f.think_end.as_str()),
+        ("<mm:think>", "</mm:think>")
+    );
+}
+
+#[test]
+fn newer_families_survive_any_cut() {
+    // every prefix of a rich output, read as finished and as streaming, must parse without
+    // panicking, and while streaming never show a call's markup as content
+    let cases = [
+        ("MiniMax-M3", "<mm:think>a</mm:think>b]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"f\">]<]minimax[>[<x>]<]minimax[>[<item>1]<]minimax[>[</item>]<]minimax[>[</x>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>", "<invoke"),
+        ("muse-glimmer", " to=self<|message|>a<|eom|><|start|>assistant to=user<|message|>b<|eom|><|start|>assistant to=f<|message|><atem:function_calls>\n<atem:invoke name=\"f\">\n<atem:parameter name=\"x\">1</atem:parameter>\n</atem:invoke>\n</atem:function_calls>", "atem:"),
+        ("deepseek-ai-DeepSeek-V4", "a</think>b\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"false\">[1, 2]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", "DSML"),
+        ("Kimi-K3", "a<|close|>think<|sep|><|open|>response<|sep|>b<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"x\" type=\"object\"<|sep|>{\"y\": 1}<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>", "<|"),
+        ("google-gemma-4-31B-it", "<|channel>thought\na<channel|>b<|tool_call>call:f{x:[<|\"|>é<|\"|>,{y:1.5e3}]}<tool_call|>", "<|"),
+        ("openbmb-MiniCPM5-1B", "a</think>b<function name=\"f\"><param name=\"x\"><![CDATA[é]]></param></function>", "<function"),
+        ("llm-jp-llm-jp-4.1-8b-thinking", "<|channel|> analysis<|message|> a<|end|><|start|> assistant<|channel|> commentary to=functions.f<|message|> {\"x\": \"é\"}", "<|"),
+        ("inclusionai-ling-3.0-flash", "a</think>b<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>é</arg_value>\n</tool_call>c<|role_end|>", "<tool_call"),
+    ];
+    for (name, text, markup) in cases {
+        let Some(f) = format_of(name) else {
+            return;
+        };
+        for (cut, _) in text.char_indices() {
+            for partial in [false, true] {
+                let parsed = f.parse(&text[..cut], ReasoningFormat::Auto, true, partial);
+                // finished, a half-written marker is only text
+                assert!(
+                    !partial || !parsed.content.contains(markup),
+                    "{name} at {cut}: {parsed:?}"
+                );
+            }
+        }
+        let whole = f.parse(text, ReasoningFormat::Auto, true, false);
+        assert_eq!(whole.tool_calls.len(), 1, "{name}: {whole:?}");
+    }
+}

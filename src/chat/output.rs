@@ -115,6 +115,39 @@ pub enum ToolSyntax {
     Lfm2,
     /// `Action:\n```json\n[{"tool_name": ..., "parameters": {...}}]\n```` (Command R+).
     CommandRPlus,
+    /// `]<]minimax[>[<tool_call>` blocks of `]<]minimax[>[<invoke name="NAME">` calls whose
+    /// parameters are elements named after them, nested objects and `<item>` lists expanded
+    /// (MiniMax M3; thinking in `<mm:think>`).
+    MiniMaxM3,
+    /// `<｜DSML｜function_calls>` blocks of `<｜DSML｜invoke name="NAME">` calls with
+    /// `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` (DeepSeek V3.2).
+    Dsml,
+    /// As `Dsml`, the block named `<｜DSML｜tool_calls>` (DeepSeek V4).
+    DsmlV4,
+    /// Messages `<|start|>assistant to=RECIPIENT<|message|>...<|eom|>`: `self` is reasoning,
+    /// `user` content, any other recipient an `<atem:function_calls>` tool call (muse-glimmer).
+    MuseGlimmer,
+    /// `<|open|>TAG<|sep|>` ... `<|close|>TAG<|sep|>` sections: `think`, `response`, and `tools`
+    /// of `call tool="NAME"` with `argument key="K" type="T"` (Kimi K3).
+    KimiK3,
+    /// `<|channel>thought\n...<channel|>` reasoning, `<|tool_call>call:NAME{key:VALUE}<tool_call|>`
+    /// calls with `<|"|>`-quoted strings (Gemma 4).
+    Gemma4,
+    /// `<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ..., "arguments": {...}}`, one call,
+    /// no reasoning (GigaChat 3).
+    GigaChat3,
+    /// `<|function_call|>{"name": ..., "arguments": {...}}`, one call (GigaChat 3.1).
+    GigaChat31,
+    /// `<function name="NAME"><param name="K">V</param></function>`, string values possibly in
+    /// `<![CDATA[...]]>` (MiniCPM 5).
+    MiniCpm5,
+    /// Harmony-like messages `<|channel|> CHANNEL<|message|> TEXT<|end|>` after
+    /// `<|start|> assistant`, the recipient ` to=functions.NAME` in the role or channel header
+    /// (LLM-jp 4.1).
+    LlmJpHarmony,
+    /// GLM-style calls, with text after the last call kept as content and `<|role_end|>` dropped
+    /// (Ling 3).
+    Ling3,
 }
 
 /// What to look for in one family's output.
@@ -150,6 +183,33 @@ const COHERE_CONTENT: [(&str, &str); 2] = [
     ("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
     ("<|START_TEXT|>", "<|END_TEXT|>"),
 ];
+const K3_THINK_START: &str = "<|open|>think<|sep|>";
+const K3_THINK_END: &str = "<|close|>think<|sep|>";
+const K3_RESP_START: &str = "<|open|>response<|sep|>";
+const K3_RESP_END: &str = "<|close|>response<|sep|>";
+const K3_TOOLS_START: &str = "<|open|>tools<|sep|>";
+const K3_TOOLS_END: &str = "<|close|>tools<|sep|>";
+const K3_MSG_START: &str = "<|open|>message role=\"assistant\"<|sep|>";
+const K3_MSG_END: &str = "<|close|>message<|sep|>";
+/// Apriel 1.6: the prompt opens the thinking with this phrase (which upstream keeps as part of
+/// the reasoning) and the model ends it with the marker.
+const APRIEL16_START: &str = "Here are my reasoning steps:";
+const APRIEL16_END: &str = "[BEGIN FINAL RESPONSE]";
+const GIGACHAT3_CALL: &str = "<|message_sep|>\n\nfunction call<|role_sep|>\n";
+const GIGACHAT31_CALL: &str = "<|function_call|>";
+const MM_NS: &str = "]<]minimax[>[";
+const MM_BLOCK_OPEN: &str = "]<]minimax[>[<tool_call>";
+const MM_BLOCK_CLOSE: &str = "]<]minimax[>[</tool_call>";
+const MM_INVOKE_OPEN: &str = "]<]minimax[>[<invoke name=\"";
+const MM_INVOKE_CLOSE: &str = "]<]minimax[>[</invoke>";
+const DSML_BLOCK: [(&str, &str); 2] = [
+    ("<｜DSML｜function_calls>", "</｜DSML｜function_calls>"),
+    ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+];
+const DSML_INVOKE_OPEN: &str = "<｜DSML｜invoke name=\"";
+const DSML_INVOKE_CLOSE: &str = "</｜DSML｜invoke>";
+const DSML_PARAM_OPEN: &str = "<｜DSML｜parameter name=\"";
+const DSML_PARAM_CLOSE: &str = "</｜DSML｜parameter>";
 const LFM2_OPEN: &str = "<|tool_call_start|>";
 const LFM2_CLOSE: &str = "<|tool_call_end|>";
 
@@ -177,6 +237,14 @@ impl OutputFormat {
         let (think_start, think_end) =
             if family == Some(Family::Ministral3) || src.contains("[THINK]") {
                 ("[THINK]", "[/THINK]")
+            } else if family == Some(Family::MiniMaxM3) {
+                ("<mm:think>", "</mm:think>")
+            } else if family == Some(Family::KimiK3) {
+                (K3_THINK_START, K3_THINK_END)
+            } else if family == Some(Family::Gemma4) {
+                ("<|channel>thought", "<channel|>")
+            } else if src.contains(APRIEL16_END) {
+                (APRIEL16_START, APRIEL16_END)
             } else if src.contains("<|START_THINKING|>") {
                 ("<|START_THINKING|>", "<|END_THINKING|>")
             } else if src.contains("<seed:think>") {
@@ -186,6 +254,32 @@ impl OutputFormat {
             };
         let tools = if family == Some(Family::GptOss) {
             ToolSyntax::Harmony
+        } else if family == Some(Family::MuseGlimmer) {
+            ToolSyntax::MuseGlimmer
+        } else if family == Some(Family::KimiK3) {
+            ToolSyntax::KimiK3
+        } else if family == Some(Family::MiniMaxM3) {
+            ToolSyntax::MiniMaxM3
+        } else if family == Some(Family::DeepSeekDsml) {
+            // upstream: V4's template never names `function_calls`
+            if src.contains("function_calls") {
+                ToolSyntax::Dsml
+            } else {
+                ToolSyntax::DsmlV4
+            }
+        } else if family == Some(Family::Gemma4) {
+            ToolSyntax::Gemma4
+        } else if family == Some(Family::Ling3) {
+            ToolSyntax::Ling3
+        } else if family == Some(Family::LlmJpHarmony) {
+            ToolSyntax::LlmJpHarmony
+        } else if family == Some(Family::GigaChatV3) {
+            ToolSyntax::GigaChat3
+        } else if family == Some(Family::MiniCpm5) {
+            ToolSyntax::MiniCpm5
+        } else if src.contains(GIGACHAT31_CALL) && src.contains("<|role_sep|>") {
+            // upstream generates a parser for GigaChat 3.1's template
+            ToolSyntax::GigaChat31
         } else if family == Some(Family::FunctionaryV32) {
             ToolSyntax::FunctionaryV32
         } else if family == Some(Family::KimiK2) {
@@ -232,17 +326,27 @@ impl OutputFormat {
         } else {
             ToolSyntax::None
         };
-        let forced_open = tools != ToolSyntax::Harmony && prompt.trim_end().ends_with(think_start);
+        let forced_open = !matches!(
+            tools,
+            ToolSyntax::Harmony | ToolSyntax::MuseGlimmer | ToolSyntax::LlmJpHarmony
+        ) && prompt.trim_end().ends_with(think_start);
         let opened = match prompt.rfind(think_start) {
             Some(at) if forced_open => prompt[at..].to_string(),
+            // Kimi K3's prompt opens the response section when thinking is off; upstream parses
+            // the output after it
+            _ if tools == ToolSyntax::KimiK3 && prompt.ends_with(K3_RESP_START) => {
+                K3_RESP_START.to_string()
+            }
             _ => String::new(),
         };
+        // Apriel 1.6 writes the marker on a line of its own
+        let end_ws = if think_end == APRIEL16_END { "\n" } else { "" };
         OutputFormat {
             think_start: think_start.to_string(),
             think_end: think_end.to_string(),
             opened,
             start_ws: String::new(),
-            end_ws: String::new(),
+            end_ws: end_ws.to_string(),
             tools,
         }
     }
@@ -267,7 +371,28 @@ impl OutputFormat {
         if self.tools == ToolSyntax::FunctionaryV32 {
             return parse_functionary_v32(text, parse_tools, partial);
         }
+        if self.tools == ToolSyntax::LlmJpHarmony {
+            return parse_llm_jp_harmony(text, reasoning, parse_tools, partial);
+        }
+        if self.tools == ToolSyntax::MuseGlimmer {
+            return parse_muse_glimmer(text, reasoning, parse_tools, partial);
+        }
+        if self.tools == ToolSyntax::KimiK3 {
+            return parse_kimi_k3(
+                &format!("{}{text}", self.opened),
+                reasoning,
+                parse_tools,
+                partial,
+            );
+        }
+        if self.tools == ToolSyntax::Gemma4 {
+            return parse_gemma4(text, reasoning, parse_tools, partial);
+        }
         let mut msg = ParsedMessage::default();
+        if matches!(self.tools, ToolSyntax::GigaChat3 | ToolSyntax::GigaChat31) {
+            // no thinking: all of it is content and calls
+            return self.parse_after_reasoning(text, msg, parse_tools, partial);
+        }
         // thinking the prompt opened is read from its opening tag on; otherwise whitespace before
         // an opening tag is skipped (and held back while it may still precede one)
         let joined;
@@ -280,6 +405,16 @@ impl OutputFormat {
                 return msg;
             }
             let tag = self.think_start.as_str();
+            if self.tools == ToolSyntax::MiniMaxM3 && reasoning.extracts() {
+                // a turn without reasoning starts with a bare closing tag
+                let end = self.think_end.as_str();
+                if let Some(after) = trimmed.strip_prefix(end) {
+                    return self.parse_after_reasoning(after, msg, parse_tools, partial);
+                }
+                if partial && end.starts_with(trimmed) {
+                    return msg;
+                }
+            }
             if trimmed.starts_with(tag) || (partial && tag.starts_with(trimmed)) {
                 trimmed
             } else {
@@ -290,18 +425,55 @@ impl OutputFormat {
         if let Some(thinking) = thinking {
             if reasoning.extracts() {
                 // upstream's parsers drop reasoning that is only whitespace
-                if !thinking.chars().all(is_ws) {
+                if self.think_end == APRIEL16_END {
+                    // upstream's generated parser keeps the opening phrase, not the newline
+                    // before the marker
+                    let end = thinking.as_ptr() as usize - text.as_ptr() as usize + thinking.len();
+                    let closed = text[end..].starts_with(APRIEL16_END);
+                    let thinking = if closed || partial {
+                        thinking.strip_suffix('\n').unwrap_or(thinking)
+                    } else {
+                        thinking
+                    };
+                    msg.reasoning_content = format!("{}{thinking}", self.think_start);
+                } else if !thinking.chars().all(is_ws) {
                     msg.reasoning_content = thinking.to_string();
                 }
+            } else if self.tools == ToolSyntax::Ling3 {
+                // upstream keeps the thinking as content, without its tags
+                msg.content.push_str(thinking);
             } else {
-                msg.content.push_str(&text[..text.len() - rest.len()]);
+                // the tags as written; while the block is open, only what the thinking shows
+                let thinking_end =
+                    thinking.as_ptr() as usize - text.as_ptr() as usize + thinking.len();
+                let closed = text[thinking_end..].starts_with(self.think_end.as_str());
+                let shown_end = if rest.is_empty() && !closed {
+                    thinking_end
+                } else {
+                    text.len() - rest.len()
+                };
+                msg.content.push_str(&text[..shown_end]);
             }
         }
+        self.parse_after_reasoning(rest, msg, parse_tools, partial)
+    }
+
+    /// Content and tool calls after the thinking block.
+    fn parse_after_reasoning(
+        &self,
+        rest: &str,
+        mut msg: ParsedMessage,
+        parse_tools: bool,
+        partial: bool,
+    ) -> ParsedMessage {
         if self.tools == ToolSyntax::CommandR7B {
             if let Some(content) = cohere_content(rest, partial) {
                 msg.content.push_str(content);
                 return msg;
             }
+        }
+        if self.tools == ToolSyntax::Ling3 {
+            return parse_ling3_rest(rest, msg, parse_tools, partial);
         }
         if parse_tools && self.tools != ToolSyntax::None {
             let (content, calls) = parse_tool_calls(self.tools, rest, partial);
@@ -341,13 +513,28 @@ impl OutputFormat {
             // thinking the model never closed ends where a tool call starts (when the request
             // has tools)
             None if let Some(call) = openers.iter().filter_map(|m| body.find(m)).min() => {
-                (Some(&body[..call]), &body[call..])
+                let thinking = &body[..call];
+                // DSML: the blank line before the call block is not part of the thinking
+                let thinking = match self.tools {
+                    ToolSyntax::Dsml | ToolSyntax::DsmlV4 => {
+                        thinking.strip_suffix("\n\n").unwrap_or(thinking)
+                    }
+                    _ => thinking,
+                };
+                (Some(thinking), &body[call..])
             }
             None => {
                 let shown = if partial {
                     let mut markers = vec![self.think_end.as_str()];
                     markers.extend(openers);
-                    hold_back(body, true, &markers)
+                    let shown = hold_back(body, true, &markers);
+                    if matches!(self.tools, ToolSyntax::Dsml | ToolSyntax::DsmlV4) && parse_tools {
+                        // a blank line may still turn out to precede a call block
+                        let once = shown.strip_suffix('\n').unwrap_or(shown);
+                        once.strip_suffix('\n').unwrap_or(once)
+                    } else {
+                        shown
+                    }
                 } else {
                     body
                 };
@@ -395,7 +582,7 @@ fn openers(syntax: ToolSyntax) -> &'static [&'static str] {
         ToolSyntax::MistralJson | ToolSyntax::MistralArgs => &["[TOOL_CALLS]"],
         ToolSyntax::Llama3Json => &["<|python_tag|>"],
         ToolSyntax::KimiK2 => &[KIMI_SECTION, KIMI_CALL],
-        ToolSyntax::Glm => &["<tool_call>"],
+        ToolSyntax::Glm | ToolSyntax::Ling3 => &["<tool_call>"],
         ToolSyntax::DeepSeekR1 | ToolSyntax::DeepSeekV31 => &[DS_CALLS_BEGIN, DS_CALL_BEGIN],
         ToolSyntax::MiniMaxM2 => &[MINIMAX_OPEN],
         ToolSyntax::CommandR7B => &[ACTION_START],
@@ -407,7 +594,19 @@ fn openers(syntax: ToolSyntax) -> &'static [&'static str] {
         ToolSyntax::SeedOss => &["<seed:tool_call>"],
         ToolSyntax::Lfm2 => &[LFM2_OPEN],
         ToolSyntax::CommandRPlus => &["Action:"],
-        ToolSyntax::None | ToolSyntax::Harmony | ToolSyntax::FunctionaryV32 => &[],
+        ToolSyntax::MiniMaxM3 => &[MM_BLOCK_OPEN],
+        ToolSyntax::GigaChat3 => &[GIGACHAT3_CALL],
+        ToolSyntax::GigaChat31 => &[GIGACHAT31_CALL],
+        ToolSyntax::MiniCpm5 => &["<function"],
+        ToolSyntax::Dsml => &[DSML_BLOCK[0].0],
+        ToolSyntax::DsmlV4 => &[DSML_BLOCK[1].0],
+        ToolSyntax::None
+        | ToolSyntax::Harmony
+        | ToolSyntax::FunctionaryV32
+        | ToolSyntax::MuseGlimmer
+        | ToolSyntax::KimiK3
+        | ToolSyntax::Gemma4
+        | ToolSyntax::LlmJpHarmony => &[],
     }
 }
 
@@ -462,7 +661,9 @@ fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec
             |inner, partial| deepseek_call(syntax, inner, partial),
         ),
         ToolSyntax::KimiK2 => tagged_calls(body, KIMI_CALL, KIMI_CALL_END, partial, kimi_call),
-        ToolSyntax::Glm => tagged_calls(body, "<tool_call>", "</tool_call>", partial, glm_call),
+        ToolSyntax::Glm | ToolSyntax::Ling3 => {
+            tagged_calls(body, "<tool_call>", "</tool_call>", partial, glm_call)
+        }
         ToolSyntax::MiniMaxM2 => {
             tagged_sections(body, MINIMAX_OPEN, MINIMAX_CLOSE, partial, |s, p| {
                 tagged_calls(s, "<invoke name=", "</invoke>", p, minimax_invoke)
@@ -503,7 +704,34 @@ fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec
         ),
         ToolSyntax::Lfm2 => tagged_sections(body, LFM2_OPEN, LFM2_CLOSE, partial, lfm2_calls),
         ToolSyntax::CommandRPlus => command_r_plus_calls(&body[marker.len()..], partial),
-        ToolSyntax::None | ToolSyntax::Harmony | ToolSyntax::FunctionaryV32 => Vec::new(),
+        ToolSyntax::MiniMaxM3 => {
+            tagged_sections(body, MM_BLOCK_OPEN, MM_BLOCK_CLOSE, partial, |s, p| {
+                tagged_calls(s, MM_INVOKE_OPEN, MM_INVOKE_CLOSE, p, minimax_m3_invoke)
+            })
+        }
+        ToolSyntax::GigaChat3 | ToolSyntax::GigaChat31 => {
+            llama3_calls(body[marker.len()..].trim_start(), partial).unwrap_or_default()
+        }
+        ToolSyntax::MiniCpm5 => tagged_calls(
+            body,
+            "<function name=\"",
+            "</function>",
+            partial,
+            minicpm5_call,
+        ),
+        ToolSyntax::Dsml | ToolSyntax::DsmlV4 => {
+            let (open, close) = DSML_BLOCK[usize::from(syntax == ToolSyntax::DsmlV4)];
+            tagged_sections(body, open, close, partial, |s, p| {
+                tagged_calls(s, DSML_INVOKE_OPEN, DSML_INVOKE_CLOSE, p, dsml_invoke)
+            })
+        }
+        ToolSyntax::None
+        | ToolSyntax::Harmony
+        | ToolSyntax::FunctionaryV32
+        | ToolSyntax::MuseGlimmer
+        | ToolSyntax::KimiK3
+        | ToolSyntax::Gemma4
+        | ToolSyntax::LlmJpHarmony => Vec::new(),
     };
     (content.trim_end_matches(is_ws), calls)
 }
@@ -1458,4 +1686,667 @@ impl StreamParser {
         self.shown = parsed;
         deltas
     }
+}
+
+/// MiniMax M3: `NAME">` then one element per parameter (`NS<KEY>VALUE NS</KEY>`).
+fn minimax_m3_invoke(inner: &str, partial: bool) -> Option<ToolCall> {
+    let name_end = inner.find("\">")?;
+    let name = &inner[..name_end];
+    if name.is_empty() {
+        return None;
+    }
+    let (elements, complete, rest) = mm_elements(&inner[name_end + 2..]);
+    if !partial && (!complete || !rest.trim_matches(is_ws).is_empty()) {
+        // an unclosed parameter or stray text: malformed
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    for (key, value) in elements {
+        args.insert(key.to_string(), mm_value(value));
+    }
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// The `NS<TAG>...NS</TAG>` elements at the start of `text`: (tag, inner) of each closed one,
+/// whether the elements end cleanly (none left unclosed), and the text after them.
+fn mm_elements(text: &str) -> (Vec<(&str, &str)>, bool, &str) {
+    let mut out = Vec::new();
+    let mut rest = text;
+    loop {
+        let trimmed = rest.trim_start_matches(is_ws);
+        let Some(after) = trimmed
+            .strip_prefix(MM_NS)
+            .and_then(|t| t.strip_prefix('<'))
+        else {
+            return (out, true, rest);
+        };
+        if after.starts_with('/') {
+            return (out, true, rest);
+        }
+        let Some(tag_end) = after.find('>') else {
+            return (out, false, rest);
+        };
+        let tag = &after[..tag_end];
+        let body = &after[tag_end + 1..];
+        let open = format!("{MM_NS}<{tag}>");
+        let close = format!("{MM_NS}</{tag}>");
+        // the matching close, counting nested elements of the same name
+        let mut depth = 0usize;
+        let mut at = 0usize;
+        let end = loop {
+            let next_open = body[at..].find(&open).map(|p| p + at);
+            let Some(next_close) = body[at..].find(&close).map(|p| p + at) else {
+                break None;
+            };
+            match next_open {
+                Some(o) if o < next_close => {
+                    depth += 1;
+                    at = o + open.len();
+                }
+                _ if depth == 0 => break Some(next_close),
+                _ => {
+                    depth -= 1;
+                    at = next_close + close.len();
+                }
+            }
+        };
+        let Some(end) = end else {
+            return (out, false, rest);
+        };
+        out.push((tag, &body[..end]));
+        rest = &body[end + close.len()..];
+    }
+}
+
+/// A MiniMax M3 parameter value: nested elements make an object (`<item>`s a list), other text
+/// is typed as JSON when it parses and a string otherwise.
+fn mm_value(text: &str) -> Json {
+    if text.trim_start_matches(is_ws).starts_with(MM_NS) {
+        let (elements, complete, rest) = mm_elements(text);
+        if complete && !elements.is_empty() && rest.trim_matches(is_ws).is_empty() {
+            if elements.iter().all(|(tag, _)| *tag == "item") {
+                return Json::Array(elements.iter().map(|(_, v)| mm_value(v)).collect());
+            }
+            let mut object = serde_json::Map::new();
+            for (tag, value) in elements {
+                object.insert(tag.to_string(), mm_value(value));
+            }
+            return Json::Object(object);
+        }
+    }
+    typed_value(text)
+}
+
+/// DeepSeek DSML: `NAME">` then `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`s;
+/// `string="true"` values are kept as text, others must be JSON.
+fn dsml_invoke(inner: &str, partial: bool) -> Option<ToolCall> {
+    let name_end = inner.find("\">")?;
+    let name = &inner[..name_end];
+    if name.is_empty() {
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    let mut rest = &inner[name_end + 2..];
+    loop {
+        let trimmed = rest.trim_start_matches(is_ws);
+        let Some(tail) = trimmed.strip_prefix(DSML_PARAM_OPEN) else {
+            if !partial && !trimmed.is_empty() {
+                return None;
+            }
+            break;
+        };
+        let (Some(attrs_end), Some(end)) = (tail.find('>'), tail.find(DSML_PARAM_CLOSE)) else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        if attrs_end > end {
+            return None;
+        }
+        let attrs = &tail[..attrs_end];
+        let key = &attrs[..attrs.find('"')?];
+        let value = &tail[attrs_end + 1..end];
+        let value = if attrs.contains("string=\"true\"") {
+            Json::String(value.to_string())
+        } else {
+            serde_json::from_str::<Json>(value.trim_matches(is_ws)).ok()?
+        };
+        args.insert(key.to_string(), value);
+        rest = &tail[end + DSML_PARAM_CLOSE.len()..];
+    }
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// muse-glimmer: the prompt ends with `<|start|>assistant`; each message is
+/// ` to=RECIPIENT<|message|>TEXT` closed by `<|eom|>` (more follow, each after another
+/// `<|start|>assistant`) or `<|eot|>`.
+fn parse_muse_glimmer(
+    text: &str,
+    reasoning: ReasoningFormat,
+    parse_tools: bool,
+    partial: bool,
+) -> ParsedMessage {
+    const START: &str = "<|start|>assistant";
+    const ENDS: [&str; 2] = ["<|eom|>", "<|eot|>"];
+    let mut msg = ParsedMessage::default();
+    if !reasoning.extracts() && !parse_tools {
+        // upstream: everything after the generation prompt is content
+        msg.content = text.to_string();
+        return msg;
+    }
+    let segments: Vec<&str> = text.split(START).collect();
+    let count = segments.len();
+    for (i, segment) in segments.into_iter().enumerate() {
+        let last = i + 1 == count;
+        let Some((header, body_all)) = segment.split_once("<|message|>") else {
+            // a header still being written
+            break;
+        };
+        let header = header.trim_matches(is_ws);
+        let recipient = match header.strip_prefix("to=") {
+            Some(r) => r.trim(),
+            None if header.is_empty() => "user",
+            None => break,
+        };
+        let end = ENDS.iter().filter_map(|e| body_all.find(e)).min();
+        let body = match end {
+            Some(e) => &body_all[..e],
+            None if last => hold_back(body_all, partial, &ENDS),
+            None => body_all,
+        };
+        match recipient {
+            "self" if reasoning.extracts() => msg.reasoning_content.push_str(body),
+            "self" | "user" => msg.content.push_str(body),
+            _ if parse_tools => msg.tool_calls.extend(muse_calls(body_all, partial && last)),
+            _ => {}
+        }
+    }
+    msg
+}
+
+/// The `<atem:function_calls>` block of a muse-glimmer tool message.
+fn muse_calls(body: &str, partial: bool) -> Vec<ToolCall> {
+    const OPEN: &str = "<atem:function_calls>";
+    const CLOSE: &str = "</atem:function_calls>";
+    let trimmed = body.trim_start_matches(is_ws);
+    let Some(inner) = trimmed.strip_prefix(OPEN) else {
+        return Vec::new();
+    };
+    let (inner, partial) = match inner.find(CLOSE) {
+        Some(end) => (&inner[..end], false),
+        None if partial => (hold_back(inner, true, &[CLOSE]), true),
+        // unterminated: malformed
+        None => return Vec::new(),
+    };
+    tagged_calls(
+        inner,
+        "<atem:invoke name=\"",
+        "</atem:invoke>",
+        partial,
+        |i, p| {
+            let name_end = i.find("\">")?;
+            let tags = ParamTags {
+                open: "<atem:parameter name=\"",
+                name_end: "\">",
+                close: "</atem:parameter>",
+                trim_newlines: false,
+            };
+            let args = xml_params(&i[name_end + 2..], &tags, p)?;
+            Some(ToolCall {
+                id: String::new(),
+                name: i[..name_end].to_string(),
+                arguments: object_text(args, p),
+            })
+        },
+    )
+}
+
+/// The first of `markers` in `text`: (position, marker).
+fn first_of<'m>(text: &str, markers: &[&'m str]) -> Option<(usize, &'m str)> {
+    markers
+        .iter()
+        .filter_map(|m| text.find(m).map(|p| (p, *m)))
+        .min()
+}
+
+/// Kimi K3 (`text` starts with what the prompt opened): reasoning up to the end of the think
+/// section (or the start of the response), then the response, then a tools section.
+fn parse_kimi_k3(
+    text: &str,
+    reasoning: ReasoningFormat,
+    parse_tools: bool,
+    partial: bool,
+) -> ParsedMessage {
+    let mut msg = ParsedMessage::default();
+    let mut rest = text.strip_prefix(K3_MSG_START).unwrap_or(text);
+    rest = rest.strip_prefix(K3_THINK_START).unwrap_or(rest);
+    let think_ends = [K3_THINK_END, K3_RESP_START];
+    let Some((at, marker)) = first_of(rest, &think_ends) else {
+        // cut short while thinking: the reasoning so far
+        let body = hold_back(rest, partial, &think_ends);
+        if reasoning.extracts() {
+            msg.reasoning_content.push_str(body);
+        } else {
+            msg.content.push_str(body);
+        }
+        return msg;
+    };
+    if reasoning.extracts() {
+        msg.reasoning_content.push_str(&rest[..at]);
+    } else {
+        msg.content.push_str(&rest[..at]);
+    }
+    rest = &rest[at..];
+    if marker == K3_THINK_END {
+        rest = &rest[K3_THINK_END.len()..];
+    }
+    if partial && K3_RESP_START.starts_with(rest) {
+        return msg;
+    }
+    rest = rest.strip_prefix(K3_RESP_START).unwrap_or(rest);
+    let response_ends = [K3_RESP_END, K3_TOOLS_START, K3_MSG_END];
+    let Some((at, _)) = first_of(rest, &response_ends) else {
+        msg.content
+            .push_str(hold_back(rest, partial, &response_ends));
+        return msg;
+    };
+    msg.content.push_str(&rest[..at]);
+    rest = &rest[at..];
+    rest = rest.strip_prefix(K3_RESP_END).unwrap_or(rest);
+    if parse_tools && rest.starts_with(K3_TOOLS_START) {
+        msg.tool_calls =
+            tagged_sections(rest, K3_TOOLS_START, K3_TOOLS_END, partial, |section, p| {
+                tagged_calls(
+                    section,
+                    "<|open|>call tool=\"",
+                    "<|close|>call<|sep|>",
+                    p,
+                    kimi_k3_call,
+                )
+            });
+    }
+    msg
+}
+
+/// Kimi K3: `NAME" index="N"<|sep|>` then `<|open|>argument key="K" type="T"<|sep|>V<|close|>argument<|sep|>`s;
+/// string-typed values are kept as text, others typed as JSON.
+fn kimi_k3_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    const ARG_OPEN: &str = "<|open|>argument key=\"";
+    const ARG_CLOSE: &str = "<|close|>argument<|sep|>";
+    let name_end = inner.find('"')?;
+    let name = &inner[..name_end];
+    let sep = inner.find("<|sep|>")?;
+    if name.is_empty() || sep < name_end {
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    let mut rest = &inner[sep + "<|sep|>".len()..];
+    while let Some(tail) = rest.strip_prefix(ARG_OPEN) {
+        let (Some(head_end), Some(end)) = (tail.find("<|sep|>"), tail.find(ARG_CLOSE)) else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        if head_end > end {
+            return None;
+        }
+        let head = &tail[..head_end];
+        let key = &head[..head.find('"')?];
+        let value = &tail[head_end + "<|sep|>".len()..end];
+        let value = if head.contains("type=\"string\"") || !head.contains("type=\"") {
+            Json::String(value.to_string())
+        } else {
+            typed_value(value)
+        };
+        args.insert(key.to_string(), value);
+        rest = &tail[end + ARG_CLOSE.len()..];
+    }
+    if !partial && !rest.trim_matches(is_ws).is_empty() {
+        return None;
+    }
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// Gemma 4: messages of an optional `<|channel>thought` block and content; with tools the text
+/// up to the first `<|tool_call>call:NAME{...}<tool_call|>` and the calls; a stray `<channel|>`
+/// ends the content.
+fn parse_gemma4(
+    text: &str,
+    reasoning: ReasoningFormat,
+    parse_tools: bool,
+    partial: bool,
+) -> ParsedMessage {
+    const THOUGHT: &str = "<|channel>thought";
+    const CHANNEL: &str = "<|channel>";
+    const CHANNEL_END: &str = "<channel|>";
+    const CALL: &str = "<|tool_call>call:";
+    const CALL_END: &str = "<tool_call|>";
+    let mut msg = ParsedMessage::default();
+    let mut rest = text.strip_prefix("<|turn>model\n").unwrap_or(text);
+    let content_ends: &[&str] = if parse_tools {
+        &[CHANNEL, CHANNEL_END, "<|tool_call>"]
+    } else {
+        &[CHANNEL, CHANNEL_END]
+    };
+    loop {
+        if rest.starts_with(CHANNEL) {
+            // empty channels before the thought are skipped
+            while rest.starts_with(CHANNEL) && !rest.starts_with(THOUGHT) {
+                if partial && THOUGHT.starts_with(rest) {
+                    return msg;
+                }
+                rest = &rest[CHANNEL.len()..];
+            }
+            let Some(after) = rest.strip_prefix(THOUGHT) else {
+                if partial && THOUGHT.starts_with(rest) {
+                    return msg;
+                }
+                continue;
+            };
+            let body = after.trim_start_matches(is_ws);
+            let (thought, next) = match body.find(CHANNEL_END) {
+                Some(end) => (&body[..end], Some(&body[end + CHANNEL_END.len()..])),
+                None => (hold_back(body, partial, &[CHANNEL_END]), None),
+            };
+            if reasoning.extracts() {
+                msg.reasoning_content.push_str(thought);
+            } else {
+                let raw = &rest[..rest.len() - body.len()];
+                msg.content.push_str(raw);
+                msg.content.push_str(thought);
+                if next.is_some() {
+                    msg.content.push_str(CHANNEL_END);
+                }
+            }
+            match next {
+                Some(next) => rest = next,
+                None => return msg,
+            }
+        } else if partial && !rest.is_empty() && THOUGHT.starts_with(rest) {
+            return msg;
+        }
+        match first_of(rest, content_ends) {
+            Some((at, marker)) => {
+                msg.content.push_str(&rest[..at]);
+                rest = &rest[at..];
+                if marker == CHANNEL {
+                    continue;
+                }
+                break;
+            }
+            None => {
+                msg.content.push_str(hold_back(rest, partial, content_ends));
+                return msg;
+            }
+        }
+    }
+    if !parse_tools {
+        return msg;
+    }
+    // with tools, the text up to the first call is skipped
+    let Some(at) = rest.find("<|tool_call>") else {
+        return msg;
+    };
+    msg.tool_calls = tagged_calls(&rest[at..], CALL, CALL_END, partial, gemma4_call);
+    msg
+}
+
+/// Gemma 4: `NAME{key:VALUE,...}`; while streaming a call shows once its name is written and
+/// gets its arguments when complete.
+fn gemma4_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    let brace = inner.find('{')?;
+    let name = &inner[..brace];
+    if name.is_empty() || name.chars().any(|c| is_ws(c) || matches!(c, '<' | '>')) {
+        return None;
+    }
+    let arguments = match gemma4_value(&inner[brace..]) {
+        Some((json, used)) if inner[brace + used..].trim_matches(is_ws).is_empty() => json,
+        None if partial => String::new(),
+        _ => return None,
+    };
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// A Gemma 4 value at the start of `text` as JSON text (numbers kept as written), and the bytes
+/// it took; None when unfinished or malformed.
+fn gemma4_value(text: &str) -> Option<(String, usize)> {
+    const QUOTE: &str = "<|\"|>";
+    let skip_ws =
+        |s: &str, at: usize| at + (s[at..].len() - s[at..].trim_start_matches(is_ws).len());
+    if let Some(body) = text.strip_prefix(QUOTE) {
+        let end = body.find(QUOTE)?;
+        let json = serde_json::to_string(&body[..end]).ok()?;
+        return Some((json, QUOTE.len() + end + QUOTE.len()));
+    }
+    let first = text.chars().next()?;
+    if first == '{' || first == '[' {
+        let close = if first == '{' { '}' } else { ']' };
+        let mut out = String::from(first);
+        let mut at = skip_ws(text, 1);
+        if text[at..].starts_with(close) {
+            out.push(close);
+            return Some((out, at + 1));
+        }
+        loop {
+            if first == '{' {
+                let key_len = text[at..].find([':', '}'])?;
+                if !text[at + key_len..].starts_with(':') || key_len == 0 {
+                    return None;
+                }
+                out.push_str(&serde_json::to_string(&text[at..at + key_len]).ok()?);
+                out.push(':');
+                at = skip_ws(text, at + key_len + 1);
+            }
+            let (value, used) = gemma4_value(&text[at..])?;
+            out.push_str(&value);
+            at = skip_ws(text, at + used);
+            match text[at..].chars().next()? {
+                ',' => {
+                    out.push(',');
+                    at = skip_ws(text, at + 1);
+                }
+                c if c == close => {
+                    out.push(close);
+                    return Some((out, at + 1));
+                }
+                _ => return None,
+            }
+        }
+    }
+    let end = text.find(|c: char| is_ws(c) || matches!(c, ',' | '}' | ']'))?;
+    let word = &text[..end];
+    serde_json::from_str::<Json>(word)
+        .ok()
+        .filter(|v| !v.is_string() && !v.is_object() && !v.is_array())?;
+    Some((word.to_string(), end))
+}
+
+/// MiniCPM 5: `NAME">` then `<param name="K">V</param>`s; a value in `<![CDATA[...]]>` is the
+/// text inside, others are typed as JSON when they parse.
+fn minicpm5_call(inner: &str, partial: bool) -> Option<ToolCall> {
+    const OPEN: &str = "<param name=\"";
+    const CLOSE: &str = "</param>";
+    const CDATA: &str = "<![CDATA[";
+    let name_end = inner.find("\">")?;
+    let name = &inner[..name_end];
+    if name.is_empty() {
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    let mut rest = &inner[name_end + 2..];
+    loop {
+        let trimmed = rest.trim_start_matches(is_ws);
+        let Some(tail) = trimmed.strip_prefix(OPEN) else {
+            if !partial && !trimmed.is_empty() {
+                return None;
+            }
+            break;
+        };
+        let Some(key_end) = tail.find("\">") else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        let key = &tail[..key_end];
+        let value_text = &tail[key_end + 2..];
+        let parsed = match value_text.strip_prefix(CDATA) {
+            Some(data) => data.find("]]>").and_then(|end| {
+                let after = data[end + 3..].strip_prefix(CLOSE)?;
+                Some((Json::String(data[..end].to_string()), after))
+            }),
+            None => value_text.find(CLOSE).map(|end| {
+                (
+                    typed_value(&value_text[..end]),
+                    &value_text[end + CLOSE.len()..],
+                )
+            }),
+        };
+        let Some((value, after)) = parsed else {
+            if partial {
+                break;
+            }
+            return None;
+        };
+        args.insert(key.to_string(), value);
+        rest = after;
+    }
+    Some(ToolCall {
+        id: String::new(),
+        name: name.to_string(),
+        arguments: object_text(args, partial),
+    })
+}
+
+/// LLM-jp Harmony: the prompt ends with `<|start|>assistant`; messages are
+/// `[ to=functions.NAME]<|channel|> CHANNEL[ to=functions.NAME][ <|constrain|> TYPE]<|message|> TEXT`
+/// separated by `<|end|><|start|> assistant`, one space after `<|message|>` not being part of
+/// the text. `analysis` is reasoning, `commentary` and `final` content, a recipient a tool call.
+fn parse_llm_jp_harmony(
+    text: &str,
+    reasoning: ReasoningFormat,
+    parse_tools: bool,
+    partial: bool,
+) -> ParsedMessage {
+    const MARKERS: [&str; 2] = ["<|end|>", "<|start|>"];
+    let mut msg = ParsedMessage::default();
+    let segments: Vec<&str> = text.split("<|start|>").collect();
+    let count = segments.len();
+    for (i, segment) in segments.into_iter().enumerate() {
+        let last = i + 1 == count;
+        let segment = if i == 0 {
+            segment
+        } else {
+            match segment.trim_start_matches(' ').strip_prefix("assistant") {
+                Some(rest) => rest,
+                None if partial && last => break,
+                None => break,
+            }
+        };
+        let Some((header, body_all)) = segment.split_once("<|message|>") else {
+            // a header still being written (finished: nothing usable)
+            break;
+        };
+        let body_all = body_all.strip_prefix(' ').unwrap_or(body_all);
+        let (body, closed) = match body_all.find("<|end|>") {
+            Some(end) => (&body_all[..end], true),
+            None if last => (hold_back(body_all, partial, &MARKERS), !partial),
+            None => (body_all, true),
+        };
+        let recipient = header
+            .split(|c: char| is_ws(c) || c == '<')
+            .find_map(|w| w.strip_prefix("to=functions."));
+        let channel = header
+            .split_once("<|channel|>")
+            .map(|(_, c)| c.trim_start_matches(' '))
+            .unwrap_or("");
+        match recipient {
+            Some(name) if parse_tools => {
+                let args = body.trim_matches(is_ws);
+                let arguments = if closed {
+                    json_prefix(args, false).filter(|a| a.len() == args.len())
+                } else {
+                    Some(args.to_string())
+                };
+                if let (Some(arguments), false) = (arguments, name.is_empty()) {
+                    msg.tool_calls.push(ToolCall {
+                        id: String::new(),
+                        name: name.to_string(),
+                        arguments,
+                    });
+                }
+            }
+            Some(_) => {}
+            None if channel.starts_with("analysis") => {
+                if reasoning.extracts() {
+                    msg.reasoning_content.push_str(body);
+                } else {
+                    // upstream keeps the whole analysis message as content
+                    let raw_end = segment.len() - body_all.len() + body.len();
+                    msg.content.push_str(&segment[..raw_end]);
+                    if body.len() < body_all.len() {
+                        msg.content.push_str("<|end|>");
+                    }
+                }
+            }
+            None => msg.content.push_str(body),
+        }
+    }
+    msg
+}
+
+/// Ling 3 after the thinking: content, GLM-style calls, then any text after the last call as
+/// more content; an end-of-turn token written out as text ends the message.
+fn parse_ling3_rest(
+    rest: &str,
+    mut msg: ParsedMessage,
+    parse_tools: bool,
+    partial: bool,
+) -> ParsedMessage {
+    const ROLE_END: &str = "<|role_end|>";
+    let rest = match rest.find(ROLE_END) {
+        Some(end) => &rest[..end],
+        None => hold_back(rest, partial, &[ROLE_END]),
+    };
+    if !parse_tools {
+        msg.content.push_str(rest);
+        return msg;
+    }
+    let (content, calls) = parse_tool_calls(ToolSyntax::Ling3, rest, partial);
+    msg.content.push_str(content);
+    if !calls.is_empty() {
+        if let Some(last) = rest.rfind("</tool_call>") {
+            let after = &rest[last + "</tool_call>".len()..];
+            // a further call after the trailing text is not read (upstream: text ends the calls)
+            if !after.contains("<tool_call>") {
+                let after = hold_back(after, partial, &["<tool_call>"]);
+                let after = if partial {
+                    after.trim_end_matches(is_ws)
+                } else {
+                    after
+                };
+                msg.content.push_str(after);
+            }
+        }
+    }
+    msg.tool_calls = calls;
+    msg
 }
