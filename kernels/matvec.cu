@@ -33,31 +33,6 @@ __device__ __forceinline__ constexpr bool reads_q8() {
     return TY == T_Q4_K || TY == T_Q8_0;
 }
 
-// Chunk c (32 values) of the blocks at `blocks` (shared memory; Q4_K blocks 4-byte aligned,
-// Q8_0 blocks 2-byte aligned) times the quantized x chunk `xq` with its (scale, scaled sum).
-template <int TY>
-__device__ __forceinline__ float dot_q8(const u8* blocks, int c, const int* xq, float2 ds) {
-    int dot = 0;
-    if constexpr (TY == T_Q4_K) {
-        const u8* b = blocks + (c / 8) * 144;
-        const int j = c % 8;
-        const u32 dd = *(const u32*)b;
-        int sc, m;
-        scale_min_k4(j, b + 4, &sc, &m);
-        const u32* q = (const u32*)(b + 16 + 32 * (j / 2));
-        const int sh = 4 * (j % 2);
-#pragma unroll
-        for (int i = 0; i < 8; i++) dot = __dp4a((int)((q[i] >> sh) & 0x0F0F0F0Fu), xq[i], dot);
-        return h2f(dd & 0xFFFF) * sc * ds.x * (float)dot - h2f(dd >> 16) * m * ds.y;
-    } else {
-        const u16* h = (const u16*)(blocks + c * 34);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            dot = __dp4a((int)(h[1 + 2 * i] | ((u32)h[2 + 2 * i] << 16)), xq[i], dot);
-        return h2f(h[0]) * ds.x * (float)dot;
-    }
-}
-
 // The products read weights in spans: up to `chunks` 32-element chunks of one row (about 2 KiB
 // of blocks, so the rows of most matrices are one span), copied into shared memory with
 // asynchronous 16-byte copies while the warp computes the span before.
@@ -94,7 +69,7 @@ __device__ __forceinline__ void span_copy(const u8* src, int bytes, u32* buf) {
 }
 
 // One warp's dot products: items j0, j0 + 1, ... < j1, each the row `row(j, m)` of each of the
-// M matrices times NC-or-fewer input columns (`xrow(j)`, `x_stride` apart), handed to
+// M matrices times NC-or-fewer f32 input columns (`xrow(j)`, `x_stride` floats apart), handed to
 // `done(j, sums)` with sums[m][col]. Weights are read a span at a time, the next span's copy in
 // flight while this one is computed; each lane takes chunks lane, lane + 32, ... of a span, so
 // every sum adds the same terms in the same order as a plain loop over the row's chunks.
@@ -138,25 +113,6 @@ __device__ __forceinline__ void mmv_warp(int j0, int j1, int k, int ncols, i64 x
         const int j = j0 + t / per_item, m = t % per_item / ns;
         const float* x = xrow(j);
         for (int c = lane; c < n; c += WARP) {
-            if constexpr (reads_q8<TY>()) {
-                // x holds quantized rows (see quantize_x), x_stride bytes apart
-#pragma unroll
-                for (int col = 0; col < MMV_MAX; col++) {
-                    if (col < ncols) {
-                        const u8* xr = (const u8*)x + col * x_stride;
-                        const int cx = c0 + c;
-                        const int4* xv = (const int4*)(xr + 32 * cx);
-                        const int4 a = xv[0], b2 = xv[1];
-                        const int xq[8] = {a.x, a.y, a.z, a.w, b2.x, b2.y, b2.z, b2.w};
-                        const float2 ds = ((const float2*)(xr + k))[cx];
-                        const float s = dot_q8<TY>(blocks, c, xq, ds);
-#pragma unroll
-                        for (int mm = 0; mm < M; mm++)
-                            if (mm == m) acc[mm][col] += s;
-                    }
-                }
-                continue;
-            }
             float v[32];
             deq<TY>(blocks, c, v);
 #pragma unroll
@@ -335,31 +291,33 @@ __device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Ro
     }
 }
 
+// Rows [0, nrows) of the M matrices `row(r, m)` times `ncols` input rows starting at `x` (f32
+// rows k apart, or quantized rows: x_bytes), each row's sums handed to `done(r, sums)`: a group
+// of `arg` warps per row for the grouped types, else `arg` rows per warp through staged spans.
+template <int TY, int M, typename Row, typename Done>
+__device__ __forceinline__ void mmv_rows(int nrows, int k, int ncols, const float* x, int arg,
+                                         Row row, Done done) {
+    if constexpr (grouped<TY>()) {
+        mmv_group<TY, M>(
+            nrows, k, ncols, arg, row,
+            [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); }, done);
+    } else {
+        __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
+        const int r0 = warp_row0(arg);
+        mmv_warp<TY, M>(
+            r0, min(r0 + arg, nrows), k, ncols, k, row, [&](int) { return x; }, done,
+            buf[threadIdx.x / WARP]);
+    }
+}
+
 template <int TY>
 __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int nrows,
                                          const float* x, int ncols, float* y, int rpw) {
-    if constexpr (grouped<TY>()) {
-        // rpw is the group's warps per row here
-        mmv_group<TY, 1>(
-            nrows, k, ncols, rpw, [&](int r, int) { return W + r * row_bytes; },
-            [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); },
-            [&](int r, float (*s)[MMV_MAX]) {
-                for (int col = 0; col < ncols; col++) y[(i64)col * nrows + r] = s[0][col];
-            });
-        return;
-    }
-    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
-    const int r0 = warp_row0(rpw);
-    // quantized input (quantize_x) has rows xq_stride(k) bytes apart
-    const i64 x_stride = reads_q8<TY>() ? xq_stride(k) : k;
-    mmv_warp<TY, 1>(
-        r0, min(r0 + rpw, nrows), k, ncols, x_stride,
-        [&](int r, int) { return W + r * row_bytes; },
-        [&](int) { return x; },
+    mmv_rows<TY, 1>(
+        nrows, k, ncols, x, rpw, [&](int r, int) { return W + r * row_bytes; },
         [&](int r, float (*s)[MMV_MAX]) {
             for (int col = 0; col < ncols; col++) y[(i64)col * nrows + r] = s[0][col];
-        },
-        buf[threadIdx.x / WARP]);
+        });
 }
 
 // Row r of expert ids[p] times x row (p / x_div): x_div is the experts used per token when all
@@ -373,21 +331,10 @@ __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expe
     const int id = ids[p];
     if (id < 0) return;
     const u8* we = W + (i64)id * expert_bytes;
-    const float* xp = x_row<TY>(x, p / x_div, k);
-    if constexpr (grouped<TY>()) {
-        mmv_group<TY, 1>(
-            nrows, k, 1, rpw, [&](int r, int) { return we + r * row_bytes; },
-            [&](int) { return (const u8*)xp; },
-            [&](int r, float (*s)[MMV_MAX]) { y[(i64)p * nrows + r] = s[0][0]; });
-        return;
-    }
-    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
-    const int r0 = warp_row0(rpw);
-    mmv_warp<TY, 1>(
-        r0, min(r0 + rpw, nrows), k, 1, k, [&](int r, int) { return we + r * row_bytes; },
-        [&](int) { return xp; },
-        [&](int r, float (*s)[MMV_MAX]) { y[(i64)p * nrows + r] = s[0][0]; },
-        buf[threadIdx.x / WARP]);
+    mmv_rows<TY, 1>(
+        nrows, k, 1, x_row<TY>(x, p / x_div, k), rpw,
+        [&](int r, int) { return we + r * row_bytes; },
+        [&](int r, float (*s)[MMV_MAX]) { y[(i64)p * nrows + r] = s[0][0]; });
 }
 
 // The gate and up rows r of expert ids[p] times x row (p / x_div) in one pass, written as
@@ -401,26 +348,12 @@ __device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 ro
     const int id = ids[p];
     if (id < 0) return;
     const i64 e0 = (i64)id * expert_bytes;
-    const float* xp = x_row<TY>(x, p / x_div, k);
-    if constexpr (grouped<TY>()) {
-        mmv_group<TY, 2>(
-            nrows, k, 1, rpw, [&](int r, int m) { return (m == 0 ? G : U) + e0 + r * row_bytes; },
-            [&](int) { return (const u8*)xp; },
-            [&](int r, float (*s)[MMV_MAX]) {
-                y[(i64)p * nrows + r] = glu_of(s[0][0], s[1][0], gelu);
-            });
-        return;
-    }
-    __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
-    const int r0 = warp_row0(rpw);
-    mmv_warp<TY, 2>(
-        r0, min(r0 + rpw, nrows), k, 1, k,
+    mmv_rows<TY, 2>(
+        nrows, k, 1, x_row<TY>(x, p / x_div, k), rpw,
         [&](int r, int m) { return (m == 0 ? G : U) + e0 + r * row_bytes; },
-        [&](int) { return xp; },
         [&](int r, float (*s)[MMV_MAX]) {
             y[(i64)p * nrows + r] = glu_of(s[0][0], s[1][0], gelu);
-        },
-        buf[threadIdx.x / WARP]);
+        });
 }
 
 // Each thread dequantizes one 32-element chunk; chunks enumerate the output in order, so a
@@ -499,14 +432,13 @@ FOR_EACH_TYPE(MATVEC_KERNELS)
                                            i64 row_bytes, int k, int rows0, int rows1,          \
                                            int rows2, const float* x, int ncols, float* y0,     \
                                            float* y1, float* y2, int g) {                       \
-        mmv_group<TY, 1>(                                                                        \
-            rows0 + rows1 + rows2, k, ncols, g,                                                  \
+        mmv_rows<TY, 1>(                                                                         \
+            rows0 + rows1 + rows2, k, ncols, x, g,                                               \
             [&](int r, int) {                                                                    \
                 return r < rows0           ? W0 + r * row_bytes                                  \
                        : r < rows0 + rows1 ? W1 + (r - rows0) * row_bytes                        \
                                            : W2 + (r - rows0 - rows1) * row_bytes;               \
             },                                                                                   \
-            [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); },                        \
             [&](int r, float (*s)[MMV_MAX]) {                                                    \
                 float* y = y0;                                                                   \
                 int n = rows0;                                                                   \

@@ -258,7 +258,7 @@ pub fn run(c: &mut Cuda, seed: u64) -> Result<Vec<Outcome>, CudaError> {
         }
         // three matrices over one input in one launch (a layer's q, k and v): experts 0 and 2
         // whole and the first 30 rows of expert 1
-        if super::ops::grouped(ty, k) {
+        if super::ops::grouped(ty) {
             let rb = mat.row_bytes;
             let e = rows * rb;
             let parts = [(0, rows), (e, 30), (2 * e, rows)];

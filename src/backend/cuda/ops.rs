@@ -173,11 +173,12 @@ pub fn norm_quantizes(rows: usize, width: usize) -> bool {
     rows <= MMV_MAX && width.is_multiple_of(32) && width <= 16 * 256
 }
 
-/// Whether decode products over `ty` rows of `k` run with a group of warps per row
-/// (`grouped` and `mmv_group` in kernels/matvec.cu): F32 and the types that read quantized input,
-/// rows of whole 16-weight items.
-pub fn grouped(ty: GgmlType, k: usize) -> bool {
-    (ty == GgmlType::F32 || reads_q8(ty)) && k.is_multiple_of(16)
+/// Whether decode products over `ty` run with a group of warps per row (`grouped` and
+/// `mmv_group` in kernels/matvec.cu, which decide by type alone): F32 and the types that read
+/// quantized input. Their rows are whole 16-weight items, as every matrix's rows are whole
+/// 32-value chunks ([`Cuda::upload_matrix`]).
+pub fn grouped(ty: GgmlType) -> bool {
+    ty == GgmlType::F32 || reads_q8(ty)
 }
 
 /// Warps per row of a grouped product: about one 16-weight item a thread, at most the block's
@@ -193,7 +194,7 @@ fn warps_per_row(k: usize) -> u32 {
 /// The grid's x size and the kernels' last argument for a decode product of `rows` rows of
 /// `w`: a group of warps per row (the argument its warps) or `rows_per_warp` rows per warp.
 fn mmv_shape(w: &DevMatrix, rows: usize, all_rows: usize) -> (u32, u32) {
-    if grouped(w.ty, w.k) {
+    if grouped(w.ty) {
         let g = warps_per_row(w.k);
         (blocks(rows, MMV_WARPS / g), g)
     } else {
@@ -236,7 +237,7 @@ impl Cuda {
                     mmv_id_glu: gpu.function(&format!("mmv_id_glu_{n}"))?,
                     deq_f16: gpu.function(&format!("deq_f16_{n}"))?,
                     get_rows: gpu.function(&format!("get_rows_{n}"))?,
-                    mmv3: if grouped(ty, 16) {
+                    mmv3: if grouped(ty) {
                         Some(gpu.function(&format!("mmv3_{n}"))?)
                     } else {
                         None
@@ -453,7 +454,7 @@ impl Cuda {
         let one = ws
             .iter()
             .all(|m| m.ty == w.ty && m.k == w.k && m.row_bytes == w.row_bytes);
-        if !(one && n <= MMV_MAX && grouped(w.ty, w.k)) {
+        if !(one && n <= MMV_MAX && grouped(w.ty)) {
             for (m, y) in ws.into_iter().zip(ys) {
                 self.matmul(m, 0, x.x, n, y)?;
             }
