@@ -736,6 +736,27 @@ fn parse_tool_calls(syntax: ToolSyntax, text: &str, partial: bool) -> (&str, Vec
     (content.trim_end_matches(is_ws), calls)
 }
 
+/// What stands between each `open` tag and its `close` in `body`, in order, with whether it was
+/// closed: only the last can be unclosed (the rest of the text after its `open`).
+fn tagged_spans<'a>(body: &'a str, open: &str, close: &str) -> Vec<(&'a str, bool)> {
+    let mut spans = Vec::new();
+    let mut rest = body;
+    while let Some(start) = rest.find(open) {
+        let inner = &rest[start + open.len()..];
+        match inner.find(close) {
+            Some(end) => {
+                spans.push((&inner[..end], true));
+                rest = &inner[end + close.len()..];
+            }
+            None => {
+                spans.push((inner, false));
+                break;
+            }
+        }
+    }
+    spans
+}
+
 /// Calls between `open` and `close` tags; the last may be unterminated while streaming.
 fn tagged_calls(
     body: &str,
@@ -744,24 +765,14 @@ fn tagged_calls(
     partial: bool,
     parse_one: impl Fn(&str, bool) -> Option<ToolCall>,
 ) -> Vec<ToolCall> {
-    let mut calls = Vec::new();
-    let mut rest = body;
-    while let Some(start) = rest.find(open) {
-        let inner = &rest[start + open.len()..];
-        match inner.find(close) {
-            Some(end) => {
-                calls.extend(parse_one(&inner[..end], false));
-                rest = &inner[end + close.len()..];
-            }
-            None => {
-                if partial {
-                    calls.extend(parse_one(hold_back(inner, true, &[close]), true));
-                }
-                break;
-            }
-        }
-    }
-    calls
+    tagged_spans(body, open, close)
+        .into_iter()
+        .filter_map(|(inner, closed)| match closed {
+            true => parse_one(inner, false),
+            false if partial => parse_one(hold_back(inner, true, &[close]), true),
+            false => None,
+        })
+        .collect()
 }
 
 /// `{"name": ..., "arguments": {...}}` with the arguments kept as written.
@@ -967,22 +978,13 @@ fn tagged_sections(
     partial: bool,
     parse_many: impl Fn(&str, bool) -> Vec<ToolCall>,
 ) -> Vec<ToolCall> {
-    let mut calls = Vec::new();
-    let mut rest = body;
-    while let Some(start) = rest.find(open) {
-        let inner = &rest[start + open.len()..];
-        match inner.find(close) {
-            Some(end) => {
-                calls.extend(parse_many(&inner[..end], false));
-                rest = &inner[end + close.len()..];
-            }
-            None => {
-                calls.extend(parse_many(hold_back(inner, partial, &[close]), partial));
-                break;
-            }
-        }
-    }
-    calls
+    tagged_spans(body, open, close)
+        .into_iter()
+        .flat_map(|(inner, closed)| match closed {
+            true => parse_many(inner, false),
+            false => parse_many(hold_back(inner, partial, &[close]), partial),
+        })
+        .collect()
 }
 
 /// JSON lists of calls after `open` (and before `close`, when the family closes them).
@@ -2257,7 +2259,6 @@ fn parse_llm_jp_harmony(
         } else {
             match segment.trim_start_matches(' ').strip_prefix("assistant") {
                 Some(rest) => rest,
-                None if partial && last => break,
                 None => break,
             }
         };
