@@ -10,6 +10,7 @@
 extern "C" __global__ void attn_f16(const float* q, const u16* kc, const u16* vc, const int* base,
                                     const int* pos, float* out, int n_head, int n_head_kv, int hk,
                                     int hv, float scale, int n_swa) {
+    grid_sync();
     const int h = blockIdx.x, t = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int hkv = h / (n_head / n_head_kv);
@@ -88,6 +89,7 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* tmp) 
 // Keys after the query or outside the sliding window get weight 0. P is written as f16.
 extern "C" __global__ void softmax_rows(const float* S, u16* P, int kv_len, int p0, int m,
                                         float scale, int n_swa) {
+    grid_sync();
     __shared__ float tmp[32];
     const i64 row = blockIdx.x;
     const int p = p0 + (int)(row % m);

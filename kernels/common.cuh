@@ -52,3 +52,23 @@ __device__ __forceinline__ float glu_of(float g, float u, int gelu) {
                          : g / (1.0f + expf(-g));
     return a * u;
 }
+
+// Programmatic dependent launch (sm_90 and newer). With it the host launches kernels so that
+// the next kernel on the stream may be scheduled before this one ends; `griddepcontrol.wait` then
+// holds a kernel until the grids before it have finished and their writes are visible. Every
+// kernel calls grid_sync() before it touches memory an earlier kernel writes or reads (weights,
+// which no kernel writes, may be prefetched before it); it then lets the next kernel launch, so
+// that kernel's blocks are resident, and its weight prefetches issued, while this one runs.
+// Without the launch attribute (older cards; on sm_90 unless BLOOMERY_PDL=1) both return at once.
+__device__ __forceinline__ void grid_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks for the 32-byte sector holding `p` to be brought into L2 (weights the kernel will read
+// once the grids before it are done).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}

@@ -14,6 +14,7 @@
 
 // One warp per 32 values of a row: lane l holds value l.
 extern "C" __global__ void quantize_x(const float* x, int k, int rows, u8* out) {
+    grid_sync();
     const int chunk = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     const int r = blockIdx.y, lane = threadIdx.x % WARP;
     if (chunk >= k / 32 || r >= rows) return;
@@ -249,6 +250,14 @@ __device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Ro
     const int gsize = WARP * g;
     const int r = blockIdx.x * (MMV_WARPS / g) + threadIdx.x / gsize;
     const int t = threadIdx.x % gsize;
+    // the rows' weights into L2 while the kernel before this one finishes
+    if (r < nrows) {
+        const int bytes = k / Fmt<TY>::elems * Fmt<TY>::bytes;
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            for (int o = 32 * t; o < bytes; o += 32 * gsize) prefetch_l2(row(r, m) + o);
+    }
+    grid_sync();
     float acc[M][MMV_MAX];
 #pragma unroll
     for (int m = 0; m < M; m++)
@@ -256,6 +265,7 @@ __device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Ro
         for (int col = 0; col < MMV_MAX; col++) acc[m][col] = 0.0f;
     if (r < nrows) {
         const int items = k / 16;
+#pragma unroll 2
         for (int i = t; i < items; i += gsize) {
 #pragma unroll
             for (int m = 0; m < M; m++) {
@@ -303,6 +313,7 @@ __device__ __forceinline__ void mmv_rows(int nrows, int k, int ncols, const floa
             [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); }, done);
     } else {
         __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
+        grid_sync();
         const int r0 = warp_row0(arg);
         mmv_warp<TY, M>(
             r0, min(r0 + arg, nrows), k, ncols, k, row, [&](int) { return x; }, done,
@@ -327,6 +338,7 @@ template <int TY>
 __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expert_bytes, int k,
                                             int nrows, const int* ids, const float* x, int x_div,
                                             float* y, int rpw) {
+    grid_sync();
     const int p = blockIdx.y;
     const int id = ids[p];
     if (id < 0) return;
@@ -344,6 +356,7 @@ __device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 ro
                                                 i64 expert_bytes, int k, int nrows,
                                                 const int* ids, const float* x, int x_div,
                                                 int gelu, float* y, int rpw) {
+    grid_sync();
     const int p = blockIdx.y;
     const int id = ids[p];
     if (id < 0) return;
@@ -364,6 +377,7 @@ template <int TY>
 __device__ __forceinline__ void deq_f16_impl(const u8* W, i64 row_bytes, int k, int nrows,
                                              u16* out) {
     __shared__ __align__(16) u16 stage[4][32 * 32];
+    grid_sync();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     const int per = k / 32;
@@ -386,6 +400,7 @@ __device__ __forceinline__ void deq_f16_impl(const u8* W, i64 row_bytes, int k, 
 template <int TY>
 __device__ __forceinline__ void get_rows_impl(const u8* W, i64 row_bytes, int k, const int* ids,
                                               float* out) {
+    grid_sync();
     const int t = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= k / 32) return;

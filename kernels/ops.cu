@@ -12,6 +12,7 @@
 #define NORM_REGS 16
 extern "C" __global__ void rms_norm(float* x, const float* add, const float* w, float* out,
                                     int width, float eps, u8* xq) {
+    grid_sync();
     float* xr = x + (i64)blockIdx.x * width;
     const float* ar = add ? add + (i64)blockIdx.x * width : nullptr;
     float* orow = out + (i64)blockIdx.x * width;
@@ -94,6 +95,7 @@ extern "C" __global__ void attn_prologue(float* q, const float* k, const float* 
                                          const int* cells, u16* k_cache, u16* v_cache, int hq,
                                          int hkv, int hd, int hv, int n_rot, float base,
                                          float freq_scale, int neox, float eps, float q_scale) {
+    grid_sync();
     __shared__ float row[256];
     __shared__ float part[4];
     const int h = blockIdx.x, t = blockIdx.y;
@@ -163,6 +165,7 @@ extern "C" __global__ void attn_prologue(float* q, const float* k, const float* 
 // (neox = 0) or i with i + n_rot/2 (neox = 1). Block per (head, token), thread per pair.
 extern "C" __global__ void rope(float* x, const int* pos, int heads, int hd, int n_rot,
                                 float base, float freq_scale, int neox) {
+    grid_sync();
     const int h = blockIdx.x, t = blockIdx.y;
     float* v = x + ((i64)t * heads + h) * hd;
     const float theta_scale = powf(base, -2.0f / n_rot);
@@ -178,38 +181,45 @@ extern "C" __global__ void rope(float* x, const int* pos, int heads, int hd, int
 }
 
 extern "C" __global__ void add(float* x, const float* y, i64 n) {
+    grid_sync();
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 extern "C" __global__ void add_bias(float* x, const float* b, int width, i64 n) {
+    grid_sync();
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % width];
 }
 
 extern "C" __global__ void scale(float* x, float s, i64 n) {
+    grid_sync();
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 extern "C" __global__ void softcap(float* x, float cap, i64 n) {
+    grid_sync();
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
 // g = act(g) * u (see glu_of).
 extern "C" __global__ void glu(float* g, const float* u, i64 n, int gelu) {
+    grid_sync();
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) g[i] = glu_of(g[i], u[i], gelu);
 }
 
 extern "C" __global__ void to_f16(const float* x, u16* out, i64 n) {
+    grid_sync();
     i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2h(x[i]);
 }
 
 // Writes token t's row into cache cell cells[t] as f16.
 extern "C" __global__ void kv_store(const float* src, u16* cache, const int* cells, int width) {
+    grid_sync();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < width) cache[(i64)cells[t] * width + i] = f2h(src[(i64)t * width + i]);
@@ -217,6 +227,7 @@ extern "C" __global__ void kv_store(const float* src, u16* cache, const int* cel
 
 // out[j] = x[idx[j]] (rows of `width`).
 extern "C" __global__ void gather_rows(const float* x, const int* idx, float* out, int width) {
+    grid_sync();
     const int j = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < width) out[(i64)j * width + i] = x[(i64)idx[j] * width + i];
@@ -225,6 +236,7 @@ extern "C" __global__ void gather_rows(const float* x, const int* idx, float* ou
 // out[idx[j]] = x[j]; rows with idx[j] < 0 (padding) are skipped.
 // Rows are blockIdx.x (a padded expert group can exceed grid.y's 65535).
 extern "C" __global__ void scatter_rows(const float* x, const int* idx, float* out, int width) {
+    grid_sync();
     const int j = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i < width && idx[j] >= 0) out[(i64)idx[j] * width + i] = x[(i64)j * width + i];
@@ -232,6 +244,7 @@ extern "C" __global__ void scatter_rows(const float* x, const int* idx, float* o
 
 // out[j] = f16(x[idx[j]]), zeros where idx[j] < 0 (padding rows of a per-expert group).
 extern "C" __global__ void gather_f16(const float* x, const int* idx, u16* out, int width) {
+    grid_sync();
     const int j = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= width) return;
@@ -244,6 +257,7 @@ extern "C" __global__ void gather_f16(const float* x, const int* idx, u16* out, 
 // lower index), optionally renormalized (the sum clamped as ggml does) and scaled.
 extern "C" __global__ void route(const float* logits, int ne, int k, int norm, float wscale,
                                  int* ids, float* w) {
+    grid_sync();
     const int t = blockIdx.x;
     const int lane = threadIdx.x;
     const float* l = logits + (i64)t * ne;
@@ -306,6 +320,7 @@ extern "C" __global__ void route(const float* logits, int ne, int k, int norm, f
 // to out[t] when `accumulate` (the residual stream's add, in the same launch).
 extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, int k,
                                        int width, int accumulate) {
+    grid_sync();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= width) return;

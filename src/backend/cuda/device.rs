@@ -151,6 +151,18 @@ pub struct Gpu {
     side: Arc<CudaStream>,
     module: Option<Arc<CudaModule>>,
     blas: blas_sys::cublasHandle_t,
+    /// Kernels launch with programmatic dependent launch (see [`pdl_wanted`]).
+    pdl: bool,
+}
+
+/// Whether kernels on a card of compute capability `cc` launch so that the next kernel on the
+/// stream may be scheduled while the one before it finishes (programmatic dependent launch,
+/// sm_90 and newer). Every kernel waits for the grids before it (`grid_sync` in
+/// kernels/common.cuh) before it touches memory they write or read, so the overlap is only the
+/// launch itself and the weight prefetches placed before that wait. Opt-in (`BLOOMERY_PDL=1`)
+/// until it has been measured on a lent card (docs/GPU-NOTES.md, the plan after session 27).
+pub fn pdl_wanted(cc: (i32, i32), env: Option<&str>) -> bool {
+    cc.0 >= 9 && env.is_some_and(|v| v.trim() == "1")
 }
 
 // SAFETY: the handle and stream are used from one thread at a time (the engine is behind the
@@ -174,8 +186,13 @@ impl Gpu {
         // SAFETY: the handle was just created; the stream lives as long as `Gpu`.
         unsafe { blas::set_stream(handle, stream.cu_stream() as _) }
             .map_err(|e| err("binding cuBLAS to the stream", e))?;
+        let pdl = pdl_wanted(
+            info.compute_capability,
+            std::env::var("BLOOMERY_PDL").ok().as_deref(),
+        );
         Ok(Gpu {
             info,
+            pdl,
             ctx,
             stream,
             side,
@@ -381,6 +398,37 @@ impl Gpu {
             .iter_mut()
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
+        if self.pdl {
+            // SAFETY: a zeroed attribute is a valid value of the plain-data union; only the
+            // field the id names is read.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: shared,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `cfg` and `attr` outlive the call.
+            return unsafe {
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    f.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+            .map_err(|e| err("launching a kernel", e));
+        }
         // SAFETY: `params` point at values laid out as the kernel's parameters (8-byte pointers
         // and 64-bit ints, 4-byte ints and floats at the start of their slot).
         unsafe {
@@ -598,6 +646,17 @@ impl Drop for Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dependent_launch_only_when_asked_and_on_hopper_or_newer() {
+        assert!(!pdl_wanted((8, 6), None));
+        assert!(!pdl_wanted((8, 9), Some("1")));
+        assert!(!pdl_wanted((9, 0), None));
+        assert!(pdl_wanted((9, 0), Some("1")));
+        assert!(pdl_wanted((10, 0), Some(" 1 ")));
+        assert!(!pdl_wanted((9, 0), Some("0")));
+        assert!(!pdl_wanted((12, 0), Some("yes")));
+    }
 
     #[test]
     fn pinned_ranges_cover_whole_pages_once() {

@@ -181,14 +181,31 @@ pub fn grouped(ty: GgmlType) -> bool {
     ty == GgmlType::F32 || reads_q8(ty)
 }
 
-/// Warps per row of a grouped product: about one 16-weight item a thread, at most the block's
-/// four warps.
+/// Warps per row of a grouped product: about [`items_per_thread`] 16-weight items a thread, at
+/// most the block's four warps.
 fn warps_per_row(k: usize) -> u32 {
-    match k / 16 {
-        0..=32 => 1,
-        33..=64 => 2,
+    warps_for(k / 16, items_per_thread())
+}
+
+fn warps_for(items: usize, per_thread: usize) -> u32 {
+    match items.div_ceil(32 * per_thread.max(1)) {
+        0..=1 => 1,
+        2 => 2,
         _ => 4,
     }
+}
+
+/// Items of 16 weights each thread of a grouped decode product aims to read: 1, or
+/// `BLOOMERY_MMV_ITEMS` (a tuning knob for measuring fewer, longer-running threads).
+fn items_per_thread() -> usize {
+    static ITEMS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ITEMS.get_or_init(|| {
+        std::env::var("BLOOMERY_MMV_ITEMS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&n: &usize| (1..=16).contains(&n))
+            .unwrap_or(1)
+    })
 }
 
 /// The grid's x size and the kernels' last argument for a decode product of `rows` rows of
@@ -1068,5 +1085,33 @@ impl Cuda {
                 Arg::I32(n_swa as i32),
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouped_products_give_each_thread_about_the_items_asked_for() {
+        // one item a thread: up to 32 items one warp, up to 64 two, else four
+        for (items, g) in [
+            (1, 1),
+            (32, 1),
+            (33, 2),
+            (64, 2),
+            (65, 4),
+            (128, 4),
+            (256, 4),
+        ] {
+            assert_eq!(warps_for(items, 1), g, "{items} items");
+        }
+        // k = 768 (48 items), 2048 (128) and 4096 (256) at two and four items a thread
+        assert_eq!(warps_for(48, 2), 1);
+        assert_eq!(warps_for(128, 2), 2);
+        assert_eq!(warps_for(256, 2), 4);
+        assert_eq!(warps_for(128, 4), 1);
+        assert_eq!(warps_for(256, 4), 2);
+        assert_eq!(warps_for(256, 0), 4);
     }
 }
