@@ -24,6 +24,7 @@ use crate::model::{GgmlType, GgufFile};
 use crate::placement::{
     self, ContextRequest, CopyPolicy, Inventory, Location, Plan, PlanError, PlanRequest,
 };
+use crate::server::embed::Pooling;
 use crate::server::{
     CacheOptions, ChatRenderer, ModelInfo, Reply, ReplyStream, Server, ServerParams, TaskParams,
 };
@@ -413,6 +414,7 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
             verbose: cfg.log.verbosity > 9,
             // -r: the stop strings of a request that names none
             stop: cfg.context.reverse_prompts.clone(),
+            embd_normalize: cfg.context.embd_normalize,
             ..TaskParams::default()
         },
         reasoning_format: (!cfg.chat.skip_chat_parsing).then(|| cfg.chat.reasoning_format.clone()),
@@ -427,6 +429,8 @@ pub fn server_params(cfg: &Config, shape: SlotShape) -> ServerParams {
                 (k.clone(), value)
             })
             .collect(),
+        embedding: s.embedding,
+        pooling: Pooling::from_name(&cfg.context.pooling),
         ..ServerParams::default()
     }
 }
@@ -809,6 +813,10 @@ fn model_info(
         size: gguf.tensors.iter().map(|t| t.size).sum(),
         bos_token: token_text(vocab, vocab.bos()),
         eos_token: token_text(vocab, vocab.eos()),
+        pooling: Pooling::from_gguf(arch_int(gguf, "pooling_type").unwrap_or(0) as u32),
+        rerank_template: gguf
+            .get_str("tokenizer.chat_template.rerank")
+            .map(str::to_string),
     }
 }
 

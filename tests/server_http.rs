@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bloomery::sampling::SamplingParams;
+use bloomery::server::embed::Pooling;
 use bloomery::server::testing::{mock_greedy, ByteCodec, MockEngine};
 use bloomery::server::{ModelInfo, PlainChat, Server, ServerParams, TaskParams, TextCodec};
 use serde_json::{json, Value};
@@ -809,4 +810,232 @@ fn routes_move_under_the_api_prefix() {
     assert_eq!(moved.status, 404);
     assert!(moved.body.contains("File Not Found"), "{}", moved.body);
     assert_eq!(get(addr, "/api/nothing").status, 404);
+}
+
+fn embedding_server(pooling: Pooling, n_ubatch: usize) -> (Server, SocketAddr) {
+    serve(
+        ServerParams {
+            embedding: true,
+            pooling: Some(pooling),
+            n_ubatch,
+            n_parallel: 2,
+            ..params()
+        },
+        MockEngine::new(64),
+    )
+}
+
+fn norm2(v: &Value) -> f64 {
+    v.as_array()
+        .expect("a vector")
+        .iter()
+        .map(|x| x.as_f64().expect("a number").powi(2))
+        .sum()
+}
+
+#[test]
+fn embeddings_are_refused_unless_enabled() {
+    let (server, addr) = serve(params(), MockEngine::new(64));
+    for path in ["/embedding", "/embeddings", "/v1/embeddings"] {
+        let r = post(addr, path, json!({"input": "hi"}));
+        assert_eq!(r.status, 501, "{path}");
+        assert_eq!(r.json()["error"]["type"], "not_supported_error");
+    }
+    let r = post(addr, "/rerank", json!({"query": "q", "documents": ["d"]}));
+    assert_eq!(r.status, 501);
+    server.stop();
+    // embeddings without rank pooling still refuse reranking
+    let (server, addr) = embedding_server(Pooling::Last, 512);
+    assert_eq!(
+        post(
+            addr,
+            "/v1/rerank",
+            json!({"query": "q", "documents": ["d"]})
+        )
+        .status,
+        501
+    );
+    server.stop();
+}
+
+#[test]
+fn embeddings_pool_normalize_and_keep_input_order() {
+    let (server, addr) = embedding_server(Pooling::Last, 512);
+    let inputs = json!(["first prompt", "second", [65, 66, 67], {"content": [{"type": "text", "text": "sec"}, {"type": "text", "text": "ond"}]}]);
+    let r = post(
+        addr,
+        "/v1/embeddings",
+        json!({"input": inputs, "model": "m"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], "m");
+    let data = v["data"].as_array().expect("data");
+    assert_eq!(data.len(), 4);
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d["index"], i);
+        assert_eq!(d["object"], "embedding");
+        assert_eq!(d["embedding"].as_array().map(Vec::len), Some(8));
+        assert!((norm2(&d["embedding"]) - 1.0).abs() < 1e-5);
+    }
+    // BOS + bytes: 13 + 7 + 3 (token ids as given) + 7
+    assert_eq!(v["usage"], json!({"prompt_tokens": 30, "total_tokens": 30}));
+    assert_eq!(
+        data[1]["embedding"], data[3]["embedding"],
+        "text parts join"
+    );
+    assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    // llama.cpp's shape, unnormalized on request
+    let r = post(
+        addr,
+        "/embeddings",
+        json!({"content": "second", "embd_normalize": -1}),
+    );
+    let raw = &r.json()[0];
+    assert_eq!(raw["index"], 0);
+    let row = &raw["embedding"][0];
+    let n = norm2(row).sqrt();
+    for (a, b) in row
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(data[1]["embedding"].as_array().unwrap())
+    {
+        assert!((a.as_f64().unwrap() / n - b.as_f64().unwrap()).abs() < 1e-5);
+    }
+    // base64 of the little-endian floats
+    let r = post(
+        addr,
+        "/v1/embeddings",
+        json!({"input": "second", "encoding_format": "base64"}),
+    );
+    let d = &r.json()["data"][0];
+    assert_eq!(d["encoding_format"], "base64");
+    assert_eq!(d["embedding"].as_str().map(str::len), Some(44));
+    for (body, why) in [
+        (json!({"input": []}), "an empty list"),
+        (
+            json!({"input": {"content": "s"}}),
+            "content that is not a list of parts",
+        ),
+        (
+            json!({"input": {"content": [{"type": "image_url"}]}}),
+            "media",
+        ),
+        (
+            json!({"input": "x", "encoding_format": "hex"}),
+            "an unknown format",
+        ),
+        (json!({"prompt": "x"}), "no input"),
+    ] {
+        let r = post(addr, "/v1/embeddings", body);
+        assert_eq!(r.status, 400, "{why}: {}", r.body);
+        assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    }
+    // completions still run beside embeddings
+    let r = post(
+        addr,
+        "/completion",
+        json!({"prompt": "ab", "n_predict": 3, "temperature": 0}),
+    );
+    assert_eq!(r.json()["content"], json!(text_ref("ab", 3)));
+    server.stop();
+}
+
+#[test]
+fn last_token_pooling_splits_long_prompts_and_other_poolings_refuse_them() {
+    let prompt = "a prompt longer than one small ubatch of tokens";
+    let (server, addr) = embedding_server(Pooling::Last, 512);
+    let whole = post(addr, "/v1/embeddings", json!({"input": prompt})).json()["data"][0].clone();
+    server.stop();
+    let (server, addr) = embedding_server(Pooling::Last, 8);
+    let split = post(addr, "/v1/embeddings", json!({"input": prompt})).json()["data"][0].clone();
+    assert_eq!(whole["embedding"], split["embedding"]);
+    server.stop();
+    let (server, addr) = embedding_server(Pooling::Mean, 8);
+    let r = post(addr, "/v1/embeddings", json!({"input": prompt}));
+    assert_eq!(r.status, 500);
+    assert!(r.json()["error"]["message"].as_str().unwrap().starts_with(
+        "input (48 tokens) is too large to process. increase the physical batch size"
+    ));
+    assert_eq!(
+        post(addr, "/v1/embeddings", json!({"input": "short"})).status,
+        200
+    );
+    server.stop();
+}
+
+#[test]
+fn pooling_none_gives_every_token_on_the_native_route_only() {
+    let (server, addr) = embedding_server(Pooling::None, 512);
+    let r = post(addr, "/v1/embeddings", json!({"input": "abc"}));
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("Pooling type 'none' is not OAI compatible"));
+    let r = post(addr, "/embeddings", json!({"input": ["abc", "de"]}));
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v[0]["embedding"].as_array().map(Vec::len), Some(4));
+    assert_eq!(v[1]["embedding"].as_array().map(Vec::len), Some(3));
+    // unnormalized, and a token's row depends only on the tokens up to it
+    assert!((norm2(&v[0]["embedding"][1]) - 1.0).abs() > 1e-3);
+    assert_eq!(v[0]["embedding"][0], v[1]["embedding"][0]);
+    server.stop();
+}
+
+#[test]
+fn rerank_scores_sort_and_cut_in_both_shapes() {
+    let (server, addr) = embedding_server(Pooling::Rank, 512);
+    let docs = ["alpha", "beta", "gamma", "delta"];
+    let r = post(addr, "/rerank", json!({"query": "q", "documents": docs}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 4);
+    let scores: Vec<f64> = results
+        .iter()
+        .map(|e| e["relevance_score"].as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    let mut seen: Vec<u64> = results
+        .iter()
+        .map(|e| e["index"].as_u64().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1, 2, 3]);
+    // each score is the document's own: the same asked alone
+    let best = results[0]["index"].as_u64().unwrap() as usize;
+    let alone = post(
+        addr,
+        "/v1/rerank",
+        json!({"query": "q", "documents": [docs[best]]}),
+    )
+    .json();
+    assert_eq!(
+        alone["results"][0]["relevance_score"],
+        results[0]["relevance_score"]
+    );
+    let tei = post(
+        addr,
+        "/reranking",
+        json!({"query": "q", "texts": docs, "top_n": 2, "return_text": true}),
+    )
+    .json();
+    assert_eq!(tei.as_array().map(Vec::len), Some(2));
+    assert_eq!(tei[0]["score"], results[0]["relevance_score"]);
+    assert_eq!(tei[0]["text"], docs[best]);
+    for (body, why) in [
+        (json!({"query": "q", "documents": []}), "no documents"),
+        (json!({"query": "q", "documents": null}), "null documents"),
+        (json!({"query": "q", "documents": 123}), "a number"),
+        (json!({"query": "q", "documents": [1, 2]}), "numbers"),
+        (
+            json!({"query": 5, "documents": ["a"]}),
+            "a query that is not a string",
+        ),
+        (json!({"documents": ["a"]}), "no query"),
+    ] {
+        assert_eq!(post(addr, "/rerank", body).status, 400, "{why}");
+    }
+    server.stop();
 }

@@ -48,6 +48,7 @@ fn finish(mut rx: UnboundedReceiver<Event>) -> (Vec<String>, Result<FinalResult,
             Event::Token { token, .. } => chunks.push(token.text),
             Event::Final(f) => return (chunks, Ok(*f)),
             Event::Error(e) => return (chunks, Err(format!("{:?}: {}", e.kind, e.message))),
+            Event::Embd(_) => return (chunks, Err("an embedding result".into())),
         }
     }
     (chunks, Err("channel closed".into()))

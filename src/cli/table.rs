@@ -428,7 +428,7 @@ const SPECULATIVE: &str = "speculative decoding";
 const MULTIMODAL: &str = "multimodal input";
 const AGENT: &str = "built-in agent tools and MCP";
 const ROUTER: &str = "router mode (several models)";
-const EMBEDDINGS: &str = "embeddings and reranking";
+const EMBEDDING_GEMMA: &str = "the gemma-embedding architecture (EmbeddingGemma)";
 const LORA: &str = "LoRA adapters";
 const CONTROL_VECTORS: &str = "control vectors";
 const STATIC_FILES: &str = "static files and the web UI";
@@ -1428,8 +1428,7 @@ static SERVER: &[Opt] = &[
         p.config.context.pooling = one_of(v, &["none", "mean", "cls", "last", "rank"])?;
         Ok(())
     })
-    .env("LLAMA_ARG_POOLING")
-    .pending(EMBEDDINGS),
+    .env("LLAMA_ARG_POOLING"),
     int(&["-np", "--parallel"], "N", "number of slots (default: -1, -1 = auto)", |p, v| {
         if v == 0 {
             return Err("error: invalid value for n_parallel\n".into());
@@ -1532,8 +1531,7 @@ static SERVER: &[Opt] = &[
     int(&["--embd-normalize"], "N", "embedding normalisation (default: 2) (-1 none, 0 max absolute int16, 1 taxicab, 2 euclidean, >2 p-norm)", |p, v| {
         p.config.context.embd_normalize = v;
         Ok(())
-    })
-    .pending(EMBEDDINGS),
+    }),
     text(&["--host"], "HOST", "addresses to listen on, comma-separated, or UNIX socket paths ending in .sock; with several TCP addresses :: means IPv6 only; overlapping addresses are undefined (default: 127.0.0.1)", |p, v| {
         let hosts: Vec<String> = csv_row(v).into_iter().map(|h| h.trim().to_string()).filter(|h| !h.is_empty()).collect();
         if hosts.is_empty() {
@@ -1644,15 +1642,13 @@ static SERVER: &[Opt] = &[
         p.config.serve.embedding = true;
         Ok(())
     })
-    .env("LLAMA_ARG_EMBEDDINGS")
-    .pending(EMBEDDINGS),
+    .env("LLAMA_ARG_EMBEDDINGS"),
     flag(&["--rerank", "--reranking"], "serve the reranking endpoint (default: disabled)", |p| {
         p.config.serve.embedding = true;
         p.config.context.pooling = "rank".into();
         Ok(())
     })
-    .env("LLAMA_ARG_RERANKING")
-    .pending(EMBEDDINGS),
+    .env("LLAMA_ARG_RERANKING"),
     text(&["--api-key"], "KEY", "API keys clients must present, comma-separated (default: none)", |p, v| {
         p.config.serve.api_keys.extend(csv_row(v).into_iter().filter(|k| !k.is_empty()));
         Ok(())
@@ -1869,7 +1865,7 @@ static SERVER: &[Opt] = &[
         c.serve.embedding = true;
         Ok(())
     })
-    .pending(EMBEDDINGS),
+    .pending(EMBEDDING_GEMMA),
     flag(&["--fim-qwen-1.5b-default"], "preset: Qwen 2.5 Coder 1.5B for fill-in-the-middle (downloads weights)", |p| {
         apply_fim_preset(p, Preset { repo: "ggml-org/Qwen2.5-Coder-1.5B-Q8_0-GGUF", file: "qwen2.5-coder-1.5b-q8_0.gguf", port: 8012 })
     }),

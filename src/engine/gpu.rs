@@ -382,6 +382,9 @@ pub struct GpuModel {
     spec: &'static ArchSpec,
     hp: Hparams,
     n_vocab: usize,
+    /// The step returns hidden states after the output norm instead of logits
+    /// ([`Forward::decode_embd`]).
+    embd_out: bool,
     cuda: Cuda,
     tok_embd: DevMatrix,
     output: Option<DevMatrix>,
@@ -832,6 +835,7 @@ impl GpuModel {
             pass_ints: cuda.gpu.alloc(0)?,
             spec,
             n_vocab: w.n_vocab,
+            embd_out: false,
             tok_embd: matrix(&cuda, &w.tok_embd, 1)?,
             output: match &w.output {
                 Some(t) => Some(matrix(&cuda, t, 1)?),
@@ -1180,6 +1184,10 @@ impl GpuModel {
             hp.eps,
         )?;
         let start = out.len();
+        if self.embd_out {
+            out.resize(start + nw * e, 0.0);
+            return c.gpu.download(&mut out[start..], s.cur.ptr());
+        }
         out.resize(start + nw * self.n_vocab, 0.0);
         for chunk in (0..nw).step_by(LOGIT_ROWS) {
             let m = (nw - chunk).min(LOGIT_ROWS);
@@ -1774,6 +1782,14 @@ impl Forward for GpuModel {
         } else {
             0
         }
+    }
+
+    fn n_embd(&self) -> usize {
+        self.hp.n_embd
+    }
+
+    fn output_hidden(&mut self, on: bool) {
+        self.embd_out = on;
     }
 
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {

@@ -152,6 +152,20 @@ pub trait Forward: Send {
     /// Runs one step; appends one logits row (`n_vocab` floats) to `out` per entry whose
     /// `logits` flag is set, in batch order.
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError>;
+    /// Width of the hidden states [`decode_embd`](Forward::decode_embd) returns (`n_embd`).
+    fn n_embd(&self) -> usize;
+    /// Whether steps return each flagged entry's hidden state after the output norm (`n_embd`
+    /// floats: llama.cpp's `t_embd`, before any pooling) instead of its logits.
+    fn output_hidden(&mut self, on: bool);
+    /// Runs one step as [`decode`](Forward::decode) does, but returning hidden states (see
+    /// [`output_hidden`](Forward::output_hidden)). The server's embeddings and reranking read
+    /// these.
+    fn decode_embd(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.output_hidden(true);
+        let result = self.decode(batch, out);
+        self.output_hidden(false);
+        result
+    }
     /// Drops the cached positions `[p0, p1)` of `seq` (`p1 = None`: to the end).
     fn seq_rm(&mut self, seq: SeqId, p0: u32, p1: Option<u32>);
     /// Copies the cached positions `[0, n)` of `src` into `dst` (prompt-cache reuse).

@@ -137,6 +137,9 @@ pub struct Model {
     buf: Buffers,
     /// Routes per (layer, expert) since [`Forward::count_routes`]; `None`: not counting.
     routes: Option<Heat>,
+    /// The step returns hidden states after the output norm instead of logits
+    /// ([`Forward::decode_embd`]).
+    embd_out: bool,
 }
 
 #[derive(Default)]
@@ -334,6 +337,7 @@ impl Model {
             pool_batch,
             buf: Buffers::default(),
             routes: None,
+            embd_out: false,
         })
     }
 
@@ -603,6 +607,10 @@ impl Model {
             );
         }
         dump::put("result_norm", None, &b.cur, n_embd);
+        if self.embd_out {
+            out.extend_from_slice(&b.cur);
+            return Ok(());
+        }
         let head = self.w.output.as_ref().unwrap_or(&self.w.tok_embd);
         b.logits.resize(wanted.len() * self.w.n_vocab, 0.0);
         matmul(
@@ -639,6 +647,14 @@ impl Forward for Model {
         } else {
             0
         }
+    }
+
+    fn n_embd(&self) -> usize {
+        self.hp.n_embd
+    }
+
+    fn output_hidden(&mut self, on: bool) {
+        self.embd_out = on;
     }
 
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {

@@ -18,6 +18,14 @@ pub trait TextCodec: Send + Sync {
     fn eog_tokens(&self) -> Vec<u32>;
     /// Whether tokenizing with `add_special` prepends BOS.
     fn add_bos(&self) -> bool;
+    /// Whether the vocabulary appends EOS / SEP to special-token sequences (reranking prompts
+    /// put them between query and document).
+    fn add_eos(&self) -> bool {
+        false
+    }
+    fn add_sep(&self) -> bool {
+        false
+    }
 
     /// The vocabulary's special tokens (BOS, the fill-in-the-middle ones, ...).
     fn special_ids(&self) -> SpecialIds {
@@ -79,6 +87,14 @@ impl TextCodec for crate::tokenizer::Vocab {
 
     fn add_bos(&self) -> bool {
         crate::tokenizer::Vocab::add_bos(self)
+    }
+
+    fn add_eos(&self) -> bool {
+        crate::tokenizer::Vocab::add_eos(self)
+    }
+
+    fn add_sep(&self) -> bool {
+        crate::tokenizer::Vocab::add_sep(self)
     }
 
     fn special_ids(&self) -> SpecialIds {

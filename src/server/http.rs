@@ -21,12 +21,15 @@ use super::chat::{
     JsonReplyStream, Reply, ReplyParsing, ReplyStream, MEDIA_REFUSED,
 };
 use super::codec::TextCodec;
+use super::embed::{self, Pooling};
 use super::format::{self, ResponseKind, ResponseMeta};
 use super::infill;
 use super::peer::Peer;
 use super::request::{self, json_type_name, ParseContext};
 use super::scheduler::{SchedulerHandle, SlotAction, SlotActionResult};
-use super::task::{ErrorKind, Event, FinalResult, TaskError, TaskParams, TaskRequest};
+use super::task::{
+    EmbdResult, ErrorKind, Event, FinalResult, TaskError, TaskKind, TaskParams, TaskRequest,
+};
 use super::{ModelInfo, ServerParams};
 use crate::grammar::{self, schema};
 use crate::sampling::{resolve_seed, Mt19937, DEFAULT_SEED};
@@ -221,9 +224,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::post().to(responses_input_tokens),
         )
         .route("/infill", web::post().to(infill))
-        .route("/embedding", web::post().to(embeddings))
-        .route("/embeddings", web::post().to(embeddings))
-        .route("/v1/embeddings", web::post().to(embeddings))
+        .route("/embedding", web::post().to(embeddings_native))
+        .route("/embeddings", web::post().to(embeddings_native))
+        .route("/v1/embeddings", web::post().to(embeddings_oai))
         .route("/rerank", web::post().to(rerank))
         .route("/reranking", web::post().to(rerank))
         .route("/v1/rerank", web::post().to(rerank))
@@ -884,19 +887,201 @@ fn infill_body(state: &AppState, body: &Bytes) -> Result<Value, TaskError> {
     Ok(data)
 }
 
-/// Embeddings and reranking are not built: upstream's answer when they are not enabled.
-async fn embeddings() -> HttpResponse {
-    error(&TaskError::new(
-        ErrorKind::NotSupported,
-        "This server does not support embeddings. Start it with `--embeddings`",
-    ))
+async fn embeddings_native(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(embeddings(&state, &req, &body, false).await)
 }
 
-async fn rerank() -> HttpResponse {
-    error(&TaskError::new(
-        ErrorKind::NotSupported,
-        "This server does not support reranking. Start it with `--reranking`",
-    ))
+async fn embeddings_oai(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(embeddings(&state, &req, &body, true).await)
+}
+
+/// The pooling embeddings and reranking use: `--pooling` (or `--reranking`'s), else the
+/// model's own.
+fn pooling(state: &AppState, r: &Ready) -> Pooling {
+    state.params.pooling.unwrap_or(r.model.pooling)
+}
+
+/// Runs one embedding or reranking task per prompt; their results in prompt order.
+async fn embd_tasks(
+    r: &Ready,
+    req: &HttpRequest,
+    prompts: Vec<Vec<u32>>,
+    params: TaskParams,
+) -> Result<Vec<EmbdResult>, TaskError> {
+    let params = Arc::new(params);
+    let (tx, mut rx) = unbounded_channel();
+    let n = prompts.len();
+    for (index, tokens) in prompts.into_iter().enumerate() {
+        r.scheduler.submit(TaskRequest {
+            tokens,
+            params: params.clone(),
+            id_slot: -1,
+            index,
+            events: tx.clone(),
+        });
+    }
+    let peer = req.conn_data::<Arc<Peer>>().cloned();
+    let mut results = Vec::with_capacity(n);
+    while results.len() < n {
+        match next_event(&mut rx, peer.as_deref()).await? {
+            Some(Event::Embd(e)) => results.push(*e),
+            Some(Event::Error(e)) => return Err(e),
+            Some(_) => {}
+            None => return Err(TaskError::new(ErrorKind::Server, "task dropped")),
+        }
+    }
+    results.sort_by_key(|e| e.index);
+    Ok(results)
+}
+
+/// `/embedding`, `/embeddings` (llama.cpp's shape) and `/v1/embeddings` (OpenAI's).
+async fn embeddings(
+    state: &AppState,
+    req: &HttpRequest,
+    body: &Bytes,
+    mut oai: bool,
+) -> Result<HttpResponse, TaskError> {
+    let r = ready(state)?;
+    if !state.params.embedding {
+        return Err(TaskError::new(
+            ErrorKind::NotSupported,
+            "This server does not support embeddings. Start it with `--embeddings`",
+        ));
+    }
+    if oai && pooling(state, r) == Pooling::None {
+        return Err(TaskError::invalid(
+            "Pooling type 'none' is not OAI compatible. Please use a different pooling type",
+        ));
+    }
+    let body = parse_body(body)?;
+    let prompt = match (body.get("input"), body.get("content")) {
+        (Some(p), _) => p,
+        (None, Some(p)) => {
+            // "content" is not OpenAI's: the answer takes llama.cpp's shape
+            oai = false;
+            p
+        }
+        _ => {
+            return Err(TaskError::invalid(
+                "\"input\" or \"content\" must be provided",
+            ))
+        }
+    };
+    let base64 = match body.get("encoding_format") {
+        None => false,
+        Some(f) if f == "base64" => true,
+        Some(f) if f == "float" => false,
+        Some(_) => {
+            return Err(TaskError::invalid(
+                "The format to return the embeddings in. Can be either float or base64",
+            ))
+        }
+    };
+    let prompts = embed::embedding_inputs(r.codec.as_ref(), prompt)?;
+    let embd_normalize = match body.get("embd_normalize") {
+        Some(v) => request::as_i64(v)
+            .map_err(|e| TaskError::invalid(format!("Field 'embd_normalize': {e}")))?
+            as i32,
+        None => state.params.defaults.embd_normalize,
+    };
+    let params = TaskParams {
+        kind: TaskKind::Embedding,
+        embd_normalize,
+        cache_prompt: false,
+        ..TaskParams::default()
+    };
+    let results = embd_tasks(r, req, prompts, params).await?;
+    Ok(ok(if oai {
+        embed::oai_embeddings(&body, &r.model.name, &results, base64)
+    } else {
+        embed::native_embeddings(&results)
+    }))
+}
+
+async fn rerank(state: Shared, req: HttpRequest, body: Bytes) -> HttpResponse {
+    respond(rerank_inner(&state, &req, &body).await)
+}
+
+/// `/rerank` and its aliases: a score per document against the query, in Jina's shape or
+/// (with `texts`) TEI's.
+async fn rerank_inner(
+    state: &AppState,
+    req: &HttpRequest,
+    body: &Bytes,
+) -> Result<HttpResponse, TaskError> {
+    let r = ready(state)?;
+    if !state.params.embedding || pooling(state, r) != Pooling::Rank {
+        return Err(TaskError::new(
+            ErrorKind::NotSupported,
+            "This server does not support reranking. Start it with `--reranking`",
+        ));
+    }
+    let body = parse_body(body)?;
+    let tei = body.get("texts").is_some();
+    let query = match body.get("query") {
+        Some(Value::String(q)) => q.clone(),
+        Some(_) => return Err(TaskError::invalid("\"query\" must be a string")),
+        None => return Err(TaskError::invalid("\"query\" must be provided")),
+    };
+    let docs_value = body
+        .get("documents")
+        .filter(|v| !v.is_null())
+        .or_else(|| body.get("texts"));
+    let docs: Vec<String> = match docs_value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|d| d.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| TaskError::invalid("\"documents\" must be a non-empty string array"))?,
+        Some(_) => {
+            return Err(TaskError::invalid(
+                "\"documents\" must be a non-empty string array",
+            ))
+        }
+    };
+    if docs.is_empty() {
+        return Err(TaskError::invalid(
+            "\"documents\" must be a non-empty string array",
+        ));
+    }
+    let top_n = match body.get("top_n") {
+        Some(v) => request::as_i64(v)
+            .map_err(|e| TaskError::invalid(format!("Field 'top_n': {e}")))?
+            .max(0) as usize,
+        None => docs.len(),
+    };
+    let template = r.model.rerank_template.as_deref();
+    let prompts: Vec<Vec<u32>> = docs
+        .iter()
+        .map(|d| embed::rerank_prompt(r.codec.as_ref(), template, &query, d))
+        .collect();
+    let params = TaskParams {
+        kind: TaskKind::Rerank,
+        cache_prompt: false,
+        ..TaskParams::default()
+    };
+    let results = embd_tasks(r, req, prompts, params).await?;
+    let scores: Vec<(usize, f32, usize)> = results
+        .iter()
+        .map(|e| {
+            let score = e
+                .rows
+                .first()
+                .and_then(|v| v.first())
+                .copied()
+                .unwrap_or(-1e6);
+            (e.index, score, e.n_tokens)
+        })
+        .collect();
+    Ok(ok(embed::rerank_response(
+        &body,
+        &r.model.name,
+        &scores,
+        tei,
+        &docs,
+        top_n,
+    )))
 }
 
 /// A per-process marker for media placeholders, as upstream draws one at start.
@@ -1073,7 +1258,7 @@ async fn complete(
             match next_event(&mut submitted.rx, peer.as_deref()).await? {
                 Some(Event::Final(f)) => results.push(*f),
                 Some(Event::Error(e)) => return Err(e),
-                Some(Event::Token { .. }) => {}
+                Some(Event::Token { .. } | Event::Embd(_)) => {}
                 None => return Err(TaskError::new(ErrorKind::Server, "task dropped")),
             }
         }
@@ -1330,6 +1515,8 @@ impl StreamRenderer {
                     _ => format::sse(&[json!({"error": format::error_body(e)})]),
                 }
             }
+            // completion tasks never end this way
+            Event::Embd(_) => String::new(),
         }
     }
 }

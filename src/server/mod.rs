@@ -9,6 +9,7 @@
 pub mod chat;
 pub mod checkpoints;
 pub mod codec;
+pub mod embed;
 mod format;
 mod http;
 mod infill;
@@ -84,6 +85,10 @@ pub struct ServerParams {
     /// `chat_template_kwargs` every chat request starts from (`--chat-template-kwargs`,
     /// `--reasoning`, `--reasoning-preserve`); a request's own entries win.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// `--embeddings` (or `--reranking`): the embedding routes answer.
+    pub embedding: bool,
+    /// `--pooling` (`--reranking` sets rank); `None` takes the model's.
+    pub pooling: Option<embed::Pooling>,
 }
 
 impl Default for ServerParams {
@@ -117,6 +122,8 @@ impl Default for ServerParams {
             reasoning_format: Some("deepseek".into()),
             reasoning_budget_message: String::new(),
             chat_template_kwargs: crate::chat::server_default_kwargs(),
+            embedding: false,
+            pooling: None,
         }
     }
 }
@@ -139,6 +146,10 @@ pub struct ModelInfo {
     pub size: u64,
     pub bos_token: String,
     pub eos_token: String,
+    /// The model's own pooling (`{arch}.pooling_type`; none when absent).
+    pub pooling: embed::Pooling,
+    /// `tokenizer.chat_template.rerank`: how a reranking prompt puts query and document.
+    pub rerank_template: Option<String>,
 }
 
 /// One address the server listens on.
@@ -302,6 +313,7 @@ impl Server {
             ctx_shift: p.ctx_shift,
             slot_save_path: p.slot_save_path.clone(),
             n_predict: p.defaults.n_predict,
+            pooling: p.pooling.unwrap_or(model.pooling),
         };
         let (handle, thread) = scheduler::spawn(engine, codec.clone(), config)?;
         let ready = Ready {

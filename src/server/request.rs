@@ -646,25 +646,34 @@ pub fn tokenize_prompts(
     }
     subprompts
         .into_iter()
-        .map(|p| {
-            if p.is_string() || is_mixed(p) {
-                tokenize_mixed(codec, p, add_special, parse_special)
-            } else if is_array_of_numbers(p) {
-                p.as_array()
-                    .map(|a| a.iter().map(token_of).collect())
-                    .unwrap_or_else(|| Ok(Vec::new()))
-            } else if let Some(inner) = p.get("prompt_string") {
-                if p.get("multimodal_data").is_some() {
-                    return Err(TaskError::invalid(
-                        "Multimodal data provided, but model does not support multimodal requests.",
-                    ));
-                }
-                tokenize_mixed(codec, inner, add_special, parse_special)
-            } else {
-                Err(TaskError::invalid("\"prompt\" elements must be a string, a list of tokens, a JSON object containing a prompt string, or a list of mixed strings & tokens."))
-            }
-        })
+        .map(|p| tokenize_subprompt(codec, p, add_special, parse_special))
         .collect()
+}
+
+/// One prompt (`tokenize_input_subprompt`): a string, a list of token ids, a list of strings
+/// and ids, or an object with `prompt_string`.
+pub fn tokenize_subprompt(
+    codec: &dyn TextCodec,
+    p: &Value,
+    add_special: bool,
+    parse_special: bool,
+) -> Result<Vec<u32>, TaskError> {
+    if p.is_string() || is_mixed(p) {
+        tokenize_mixed(codec, p, add_special, parse_special)
+    } else if is_array_of_numbers(p) {
+        p.as_array()
+            .map(|a| a.iter().map(token_of).collect())
+            .unwrap_or_else(|| Ok(Vec::new()))
+    } else if let Some(inner) = p.get("prompt_string") {
+        if p.get("multimodal_data").is_some() {
+            return Err(TaskError::invalid(
+                "Multimodal data provided, but model does not support multimodal requests.",
+            ));
+        }
+        tokenize_mixed(codec, inner, add_special, parse_special)
+    } else {
+        Err(TaskError::invalid("\"prompt\" elements must be a string, a list of tokens, a JSON object containing a prompt string, or a list of mixed strings & tokens."))
+    }
 }
 
 /// Upstream's `fs_validate_filename` without subdirectories.

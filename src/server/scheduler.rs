@@ -19,10 +19,11 @@ use tokio::sync::oneshot;
 
 use super::checkpoints::{user_starts, CheckpointPolicy, Checkpoints, UserStarts};
 use super::codec::{CodecVocab, TextCodec};
+use super::embed::{Pooler, Pooling};
 use super::prompt_cache::{Entry, PromptCache};
 use super::task::{
-    ErrorKind, Event, FinalResult, StopType, TaskError, TaskParams, TaskRequest, Timings,
-    TokenOutput, TokenProb,
+    EmbdResult, ErrorKind, Event, FinalResult, StopType, TaskError, TaskKind, TaskParams,
+    TaskRequest, Timings, TokenOutput, TokenProb,
 };
 use crate::engine::{Batch, Forward, SeqId};
 use crate::grammar::{Grammar, GrammarState, TokenTexts, Triggers};
@@ -76,6 +77,8 @@ pub struct SchedulerConfig {
     pub slot_save_path: Option<PathBuf>,
     /// Server-wide default for `n_predict` when a request sets none (-1: unlimited).
     pub n_predict: i32,
+    /// How embedding and reranking tasks pool the prompt's hidden states.
+    pub pooling: Pooling,
 }
 
 impl Default for SchedulerConfig {
@@ -90,6 +93,7 @@ impl Default for SchedulerConfig {
             ctx_shift: false,
             slot_save_path: None,
             n_predict: -1,
+            pooling: Pooling::None,
         }
     }
 }
@@ -342,6 +346,10 @@ struct Active {
     logits_row: Option<usize>,
     /// Where the prompt's user messages start (prompt batches end there).
     users: UserStarts,
+    /// Embedding and reranking tasks: the hidden states read so far, and the rows of this
+    /// step's output that are this slot's (first, count).
+    pooler: Option<Pooler>,
+    embd_rows: (usize, usize),
 }
 
 impl Active {
@@ -882,7 +890,13 @@ impl Scheduler {
             }
         };
         let n_tokens = request.tokens.len();
-        if n_tokens == 0 {
+        let embd = params.kind != TaskKind::Completion;
+        if embd {
+            if let Err(e) = self.embd_fits(n_tokens) {
+                fail(&request, e);
+                return;
+            }
+        } else if n_tokens == 0 {
             log::warn!("task {id}: empty prompt - releasing slot");
         } else if n_tokens >= n_ctx {
             fail(
@@ -913,7 +927,8 @@ impl Scheduler {
         let users = user_starts(&request.tokens, &delimiters);
         let slot = &mut self.slots[slot_idx];
         let seq = slot.id as SeqId;
-        let mut n_shared = if params.cache_prompt {
+        // embeddings and reranking are stateless upstream: evaluated from the start
+        let mut n_shared = if params.cache_prompt && !embd {
             common_prefix(&slot.cache, &request.tokens)
         } else {
             0
@@ -946,6 +961,9 @@ impl Scheduler {
         // At least one prompt token is evaluated, to get logits.
         if n_past == n_tokens && n_past > 0 {
             n_past -= 1;
+        }
+        if embd {
+            n_past = 0;
         }
         if n_past < slot.cache.len() {
             self.engine.seq_rm(seq, n_past as u32, None);
@@ -981,6 +999,8 @@ impl Scheduler {
             t_gen_last: None,
             logits_row: None,
             users,
+            pooler: embd.then(|| Pooler::new(self.config.pooling, self.engine.n_embd(), n_tokens)),
+            embd_rows: (0, 0),
         };
         if n_tokens == 0 {
             let result = final_result(slot.id, slot.cache.len(), &active, self.codec.as_ref());
@@ -1167,12 +1187,18 @@ impl Scheduler {
         let mut batch = Batch::default();
         // Logits rows come back only for flagged entries, in batch order.
         let mut n_outputs = 0usize;
+        // A step returns logits or hidden states: embedding and reranking prompts go first, in
+        // steps of their own (upstream batches a slot only with slots of the same kind).
+        let embd_mode = self
+            .slots
+            .iter()
+            .any(|s| s.active.as_ref().is_some_and(|a| a.pooler.is_some()));
         // Decode tokens first.
         for slot in &mut self.slots {
             let Some(active) = slot.active.as_mut() else {
                 continue;
             };
-            if active.phase != Phase::Generating {
+            if active.phase != Phase::Generating || embd_mode {
                 continue;
             }
             active.logits_row = Some(n_outputs);
@@ -1197,7 +1223,7 @@ impl Scheduler {
             let Some(active) = slot.active.as_mut() else {
                 continue;
             };
-            if active.phase != Phase::Prompt {
+            if active.phase != Phase::Prompt || active.pooler.is_some() != embd_mode {
                 continue;
             }
             let prompt = &active.request.tokens;
@@ -1222,15 +1248,25 @@ impl Scheduler {
                 start,
                 start + take,
             );
+            let first_row = n_outputs;
             for k in 0..take {
                 let pos = start + k;
-                let last = pos + 1 == prompt.len();
-                if last {
-                    active.logits_row = Some(n_outputs);
+                let out = if embd_mode {
+                    self.config.pooling.wants(pos, prompt.len())
+                } else {
+                    pos + 1 == prompt.len()
+                };
+                if out {
+                    if !embd_mode {
+                        active.logits_row = Some(n_outputs);
+                    }
                     n_outputs += 1;
                 }
-                batch.push(prompt[pos], pos as u32, slot.id as SeqId, last);
+                batch.push(prompt[pos], pos as u32, slot.id as SeqId, out);
                 slot.cache.push(prompt[pos]);
+            }
+            if embd_mode {
+                active.embd_rows = (first_row, n_outputs - first_row);
             }
             active.n_prompt_processed += take;
             budget -= take;
@@ -1242,7 +1278,11 @@ impl Scheduler {
 
         let t0 = Instant::now();
         self.logits.clear();
-        let result = self.engine.decode(&batch, &mut self.logits);
+        let result = if embd_mode {
+            self.engine.decode_embd(&batch, &mut self.logits)
+        } else {
+            self.engine.decode(&batch, &mut self.logits)
+        };
         let elapsed_us = t0.elapsed().as_micros() as u64;
         self.metrics.n_decode_total += 1;
         self.metrics.n_busy_slots_total += n_decoding as u64 + prompt_slots;
@@ -1283,8 +1323,104 @@ impl Scheduler {
         }
 
         for i in 0..self.slots.len() {
-            self.after_decode(i);
+            if embd_mode {
+                self.after_embd(i);
+            } else {
+                self.after_decode(i);
+            }
         }
+    }
+
+    /// Upstream's size checks for an embedding or reranking prompt of `n` tokens: without
+    /// last-token pooling the whole prompt must fit one ubatch.
+    fn embd_fits(&self, n: usize) -> Result<(), TaskError> {
+        let n_ctx = self.n_ctx_slot;
+        let exceeds = |message: String| {
+            TaskError::new(
+                ErrorKind::ExceedContextSize {
+                    n_prompt_tokens: n,
+                    n_ctx,
+                },
+                message,
+            )
+        };
+        if n == 0 {
+            return Err(TaskError::invalid("Input content cannot be empty"));
+        }
+        if self.config.pooling.can_split() {
+            if n >= n_ctx {
+                return Err(exceeds(format!(
+                    "request ({n} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it"
+                )));
+            }
+            return Ok(());
+        }
+        let n_ubatch = self.config.n_ubatch;
+        if n > n_ubatch {
+            return Err(TaskError::new(
+                ErrorKind::Server,
+                format!(
+                    "input ({n} tokens) is too large to process. increase the physical batch size (current batch size: {n_ubatch})"
+                ),
+            ));
+        }
+        if n > n_ctx {
+            return Err(exceeds(format!(
+                "input ({n} tokens) is larger than the max context size ({n_ctx} tokens). skipping"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes an embedding or reranking slot's hidden states from this step; once its whole
+    /// prompt is in, sends the result and frees the slot.
+    fn after_embd(&mut self, i: usize) {
+        let n_embd = self.engine.n_embd();
+        let slot = &mut self.slots[i];
+        let Some(active) = slot.active.as_mut() else {
+            return;
+        };
+        let (first, count) = std::mem::take(&mut active.embd_rows);
+        let Some(pooler) = active.pooler.as_mut() else {
+            return;
+        };
+        let Some(rows) = self.logits.get(first * n_embd..(first + count) * n_embd) else {
+            let err = TaskError::new(
+                ErrorKind::Server,
+                "the engine returned too few hidden states",
+            );
+            self.fail_slot(i, err);
+            return;
+        };
+        rows.chunks_exact(n_embd.max(1)).for_each(|r| pooler.add(r));
+        active.n_prompt_processed = slot.cache.len();
+        if slot.cache.len() < active.request.tokens.len() {
+            return;
+        }
+        let Some(a) = slot.active.take() else {
+            return;
+        };
+        let params = &a.request.params;
+        let normalize = (params.kind == TaskKind::Embedding).then_some(params.embd_normalize);
+        let rows = a
+            .pooler
+            .clone()
+            .map(|p| p.finish(normalize))
+            .unwrap_or_default();
+        log::info!(
+            "slot {}: task {} done, {} prompt tokens, {} row(s) of {n_embd}",
+            slot.id,
+            a.id,
+            a.request.tokens.len(),
+            rows.len()
+        );
+        a.send(Event::Embd(Box::new(EmbdResult {
+            index: a.request.index,
+            rows,
+            n_tokens: a.request.tokens.len(),
+        })));
+        self.clock += 1;
+        slot.last_used = self.clock;
     }
 
     fn fail_slot(&mut self, i: usize, err: TaskError) {

@@ -40,6 +40,22 @@ pub struct TaskParams {
     pub message_delimiters: Vec<(String, String)>,
     /// Fill-in-the-middle tasks take no context checkpoints upstream.
     pub infill: bool,
+    /// What the task computes.
+    pub kind: TaskKind,
+    /// An embedding's normalization (`--embd-normalize` or the request's `embd_normalize`).
+    pub embd_normalize: i32,
+}
+
+/// What a task computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TaskKind {
+    /// Tokens generated after the prompt.
+    #[default]
+    Completion,
+    /// The prompt's hidden states, pooled and normalized as the server's pooling says.
+    Embedding,
+    /// A reranking score: the first value of the prompt's pooled (rank) state.
+    Rerank,
 }
 
 impl Default for TaskParams {
@@ -67,6 +83,8 @@ impl Default for TaskParams {
             message_delimiters: Vec::new(),
             infill: false,
             generation_prompt: String::new(),
+            kind: TaskKind::Completion,
+            embd_normalize: 2,
         }
     }
 }
@@ -272,5 +290,16 @@ pub enum Event {
         timings: Option<Timings>,
     },
     Final(Box<FinalResult>),
+    /// The end of an embedding or reranking task.
+    Embd(Box<EmbdResult>),
     Error(TaskError),
+}
+
+/// An embedding or reranking task's result: its rows (one pooled vector, or every token's
+/// with pooling none) and the prompt tokens it evaluated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbdResult {
+    pub index: usize,
+    pub rows: Vec<Vec<f32>>,
+    pub n_tokens: usize,
 }

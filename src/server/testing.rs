@@ -127,6 +127,9 @@ impl MockEngine {
     }
 }
 
+/// Width of [`MockEngine`]'s hidden states.
+pub const MOCK_EMBD: usize = 8;
+
 impl Forward for MockEngine {
     fn n_vocab(&self) -> usize {
         258
@@ -134,6 +137,24 @@ impl Forward for MockEngine {
 
     fn n_ctx_seq(&self) -> usize {
         self.n_ctx
+    }
+
+    fn n_embd(&self) -> usize {
+        MOCK_EMBD
+    }
+
+    /// Hidden states come from [`Forward::decode_embd`] below.
+    fn output_hidden(&mut self, _on: bool) {}
+
+    /// A flagged entry's "hidden state": part of the row its logits would be (a function of
+    /// the whole sequence up to it, as a causal model's is).
+    fn decode_embd(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let mut rows = Vec::new();
+        self.decode(batch, &mut rows)?;
+        for row in rows.chunks_exact(258) {
+            out.extend_from_slice(&row[32..32 + MOCK_EMBD]);
+        }
+        Ok(())
     }
 
     fn decode(&mut self, batch: &Batch, out: &mut Vec<f32>) -> Result<(), EngineError> {
