@@ -389,8 +389,10 @@ mod tests {
     fn normalization_modes_match_common_embd_normalize() {
         let v = [3.0f32, -4.0];
         assert_eq!(normalized(&v, -1), vec![3.0, -4.0]);
-        assert_eq!(normalized(&v, 2), vec![0.6, -0.8]);
-        assert_eq!(normalized(&v, 1), vec![3.0 / 7.0, -4.0 / 7.0]);
+        // as upstream: each value times the norm's reciprocal, in f32
+        assert_eq!(normalized(&v, 2), vec![3.0 * 0.2f32, -4.0 * 0.2f32]);
+        let seventh = (1.0 / 7.0f64) as f32;
+        assert_eq!(normalized(&v, 1), vec![3.0 * seventh, -4.0 * seventh]);
         let m = normalized(&v, 0);
         assert!((m[1] + 32760.0).abs() < 1e-2 && (m[0] - 24570.0).abs() < 1e-2);
         let p3 = 91f64.powf(1.0 / 3.0) as f32;
