@@ -243,21 +243,25 @@ __device__ __forceinline__ i64 x_bytes(int k) {
 // This block's group computes row r = blockIdx.x * (4 / g) + group of each of the M matrices
 // `row(r, m)` times up to MMV_MAX input rows `xrow(col)` and hands sums[m][col] to
 // `done(r, sums)` (called by the group's first thread). Every thread of the block must call it.
-template <int TY, int M, typename Row, typename XRow, typename Done>
+// FIXED: the rows do not depend on earlier kernels, so they are prefetched into L2 before the
+// wait for those kernels (grid_sync); otherwise the caller has waited already.
+template <int TY, int M, bool FIXED, typename Row, typename XRow, typename Done>
 __device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Row row, XRow xrow,
                                           Done done) {
     __shared__ float red[MMV_WARPS][M][MMV_MAX];
     const int gsize = WARP * g;
     const int r = blockIdx.x * (MMV_WARPS / g) + threadIdx.x / gsize;
     const int t = threadIdx.x % gsize;
-    // the rows' weights into L2 while the kernel before this one finishes
-    if (r < nrows) {
-        const int bytes = k / Fmt<TY>::elems * Fmt<TY>::bytes;
+    if constexpr (FIXED) {
+        // the rows' weights into L2 while the kernel before this one finishes
+        if (r < nrows) {
+            const int bytes = k / Fmt<TY>::elems * Fmt<TY>::bytes;
 #pragma unroll
-        for (int m = 0; m < M; m++)
-            for (int o = 32 * t; o < bytes; o += 32 * gsize) prefetch_l2(row(r, m) + o);
+            for (int m = 0; m < M; m++)
+                for (int o = 32 * t; o < bytes; o += 32 * gsize) prefetch_l2(row(r, m) + o);
+        }
+        grid_sync();
     }
-    grid_sync();
     float acc[M][MMV_MAX];
 #pragma unroll
     for (int m = 0; m < M; m++)
@@ -265,7 +269,6 @@ __device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Ro
         for (int col = 0; col < MMV_MAX; col++) acc[m][col] = 0.0f;
     if (r < nrows) {
         const int items = k / 16;
-#pragma unroll 2
         for (int i = t; i < items; i += gsize) {
 #pragma unroll
             for (int m = 0; m < M; m++) {
@@ -304,16 +307,17 @@ __device__ __forceinline__ void mmv_group(int nrows, int k, int ncols, int g, Ro
 // Rows [0, nrows) of the M matrices `row(r, m)` times `ncols` input rows starting at `x` (f32
 // rows k apart, or quantized rows: x_bytes), each row's sums handed to `done(r, sums)`: a group
 // of `arg` warps per row for the grouped types, else `arg` rows per warp through staged spans.
-template <int TY, int M, typename Row, typename Done>
+// FIXED as for mmv_group.
+template <int TY, int M, bool FIXED, typename Row, typename Done>
 __device__ __forceinline__ void mmv_rows(int nrows, int k, int ncols, const float* x, int arg,
                                          Row row, Done done) {
     if constexpr (grouped<TY>()) {
-        mmv_group<TY, M>(
+        mmv_group<TY, M, FIXED>(
             nrows, k, ncols, arg, row,
             [&](int col) { return (const u8*)x + col * x_bytes<TY>(k); }, done);
     } else {
         __shared__ __align__(16) u32 buf[MMV_WARPS][2][Span<TY>::words];
-        grid_sync();
+        if constexpr (FIXED) grid_sync();
         const int r0 = warp_row0(arg);
         mmv_warp<TY, M>(
             r0, min(r0 + arg, nrows), k, ncols, k, row, [&](int) { return x; }, done,
@@ -324,7 +328,7 @@ __device__ __forceinline__ void mmv_rows(int nrows, int k, int ncols, const floa
 template <int TY>
 __device__ __forceinline__ void mmv_impl(const u8* W, i64 row_bytes, int k, int nrows,
                                          const float* x, int ncols, float* y, int rpw) {
-    mmv_rows<TY, 1>(
+    mmv_rows<TY, 1, true>(
         nrows, k, ncols, x, rpw, [&](int r, int) { return W + r * row_bytes; },
         [&](int r, float (*s)[MMV_MAX]) {
             for (int col = 0; col < ncols; col++) y[(i64)col * nrows + r] = s[0][col];
@@ -343,7 +347,7 @@ __device__ __forceinline__ void mmv_id_impl(const u8* W, i64 row_bytes, i64 expe
     const int id = ids[p];
     if (id < 0) return;
     const u8* we = W + (i64)id * expert_bytes;
-    mmv_rows<TY, 1>(
+    mmv_rows<TY, 1, false>(
         nrows, k, 1, x_row<TY>(x, p / x_div, k), rpw,
         [&](int r, int) { return we + r * row_bytes; },
         [&](int r, float (*s)[MMV_MAX]) { y[(i64)p * nrows + r] = s[0][0]; });
@@ -361,7 +365,7 @@ __device__ __forceinline__ void mmv_id_glu_impl(const u8* G, const u8* U, i64 ro
     const int id = ids[p];
     if (id < 0) return;
     const i64 e0 = (i64)id * expert_bytes;
-    mmv_rows<TY, 2>(
+    mmv_rows<TY, 2, false>(
         nrows, k, 1, x_row<TY>(x, p / x_div, k), rpw,
         [&](int r, int m) { return (m == 0 ? G : U) + e0 + r * row_bytes; },
         [&](int r, float (*s)[MMV_MAX]) {
@@ -447,7 +451,7 @@ FOR_EACH_TYPE(MATVEC_KERNELS)
                                            i64 row_bytes, int k, int rows0, int rows1,          \
                                            int rows2, const float* x, int ncols, float* y0,     \
                                            float* y1, float* y2, int g) {                       \
-        mmv_rows<TY, 1>(                                                                         \
+        mmv_rows<TY, 1, true>(                                                                   \
             rows0 + rows1 + rows2, k, ncols, x, g,                                               \
             [&](int r, int) {                                                                    \
                 return r < rows0           ? W0 + r * row_bytes                                  \

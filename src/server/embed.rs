@@ -146,13 +146,7 @@ pub fn normalized(v: &[f32], mode: i32) -> Vec<f32> {
 /// a string, token ids, strings and ids mixed, an object with `prompt_string`, or an object
 /// whose `content` is an array of OpenAI text parts. Special tokens are added and parsed.
 pub fn embedding_inputs(codec: &dyn TextCodec, prompt: &Value) -> Result<Vec<Vec<u32>>, TaskError> {
-    let has_numbers = prompt
-        .as_array()
-        .is_some_and(|a| a.iter().any(|e| e.is_i64() || e.is_u64()));
-    let entries: Vec<&Value> = match prompt {
-        Value::Array(items) if !has_numbers => items.iter().collect(),
-        other => vec![other],
-    };
+    let entries = request::subprompts(prompt);
     if entries.is_empty() {
         return Err(TaskError::invalid("\"input\" must not be empty"));
     }

@@ -40,6 +40,8 @@ pub struct Ready {
     pub codec: Arc<dyn TextCodec>,
     pub chat: Arc<dyn ChatRenderer>,
     pub model: ModelInfo,
+    /// How embeddings and reranking pool (the scheduler pools the same way).
+    pub pooling: Pooling,
 }
 
 pub struct AppState {
@@ -895,12 +897,6 @@ async fn embeddings_oai(state: Shared, req: HttpRequest, body: Bytes) -> HttpRes
     respond(embeddings(&state, &req, &body, true).await)
 }
 
-/// The pooling embeddings and reranking use: `--pooling` (or `--reranking`'s), else the
-/// model's own.
-fn pooling(state: &AppState, r: &Ready) -> Pooling {
-    state.params.pooling.unwrap_or(r.model.pooling)
-}
-
 /// Runs one embedding or reranking task per prompt; their results in prompt order.
 async fn embd_tasks(
     r: &Ready,
@@ -948,7 +944,7 @@ async fn embeddings(
             "This server does not support embeddings. Start it with `--embeddings`",
         ));
     }
-    if oai && pooling(state, r) == Pooling::None {
+    if oai && r.pooling == Pooling::None {
         return Err(TaskError::invalid(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type",
         ));
@@ -987,7 +983,6 @@ async fn embeddings(
     let params = TaskParams {
         kind: TaskKind::Embedding,
         embd_normalize,
-        cache_prompt: false,
         ..TaskParams::default()
     };
     let results = embd_tasks(r, req, prompts, params).await?;
@@ -1010,7 +1005,7 @@ async fn rerank_inner(
     body: &Bytes,
 ) -> Result<HttpResponse, TaskError> {
     let r = ready(state)?;
-    if !state.params.embedding || pooling(state, r) != Pooling::Rank {
+    if !state.params.embedding || r.pooling != Pooling::Rank {
         return Err(TaskError::new(
             ErrorKind::NotSupported,
             "This server does not support reranking. Start it with `--reranking`",
@@ -1023,28 +1018,20 @@ async fn rerank_inner(
         Some(_) => return Err(TaskError::invalid("\"query\" must be a string")),
         None => return Err(TaskError::invalid("\"query\" must be provided")),
     };
-    let docs_value = body
+    // `documents` (else `texts`): a non-empty list of strings
+    let docs: Vec<String> = body
         .get("documents")
         .filter(|v| !v.is_null())
-        .or_else(|| body.get("texts"));
-    let docs: Vec<String> = match docs_value {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|d| d.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| TaskError::invalid("\"documents\" must be a non-empty string array"))?,
-        Some(_) => {
-            return Err(TaskError::invalid(
-                "\"documents\" must be a non-empty string array",
-            ))
-        }
-    };
-    if docs.is_empty() {
-        return Err(TaskError::invalid(
-            "\"documents\" must be a non-empty string array",
-        ));
-    }
+        .or_else(|| body.get("texts"))
+        .and_then(Value::as_array)
+        .and_then(|items| {
+            items
+                .iter()
+                .map(|d| d.as_str().map(str::to_string))
+                .collect()
+        })
+        .filter(|docs: &Vec<String>| !docs.is_empty())
+        .ok_or_else(|| TaskError::invalid("\"documents\" must be a non-empty string array"))?;
     let top_n = match body.get("top_n") {
         Some(v) => request::as_i64(v)
             .map_err(|e| TaskError::invalid(format!("Field 'top_n': {e}")))?
@@ -1058,7 +1045,6 @@ async fn rerank_inner(
         .collect();
     let params = TaskParams {
         kind: TaskKind::Rerank,
-        cache_prompt: false,
         ..TaskParams::default()
     };
     let results = embd_tasks(r, req, prompts, params).await?;

@@ -303,6 +303,8 @@ impl Server {
         model: ModelInfo,
     ) -> std::io::Result<()> {
         let p = &self.state.params;
+        // `--pooling` (or `--reranking`'s), else the model's own
+        let pooling = p.pooling.unwrap_or(model.pooling);
         let config = SchedulerConfig {
             n_slots: p.n_parallel.max(1),
             n_ctx_slot: p.n_ctx_slot,
@@ -313,10 +315,11 @@ impl Server {
             ctx_shift: p.ctx_shift,
             slot_save_path: p.slot_save_path.clone(),
             n_predict: p.defaults.n_predict,
-            pooling: p.pooling.unwrap_or(model.pooling),
+            pooling,
         };
         let (handle, thread) = scheduler::spawn(engine, codec.clone(), config)?;
         let ready = Ready {
+            pooling,
             scheduler: handle.clone(),
             codec,
             chat,

@@ -634,13 +634,7 @@ pub fn tokenize_prompts(
     add_special: bool,
     parse_special: bool,
 ) -> Result<Vec<Vec<u32>>, TaskError> {
-    let contains_numbers = prompt
-        .as_array()
-        .is_some_and(|a| a.iter().any(|e| e.is_i64() || e.is_u64()));
-    let subprompts: Vec<&Value> = match prompt {
-        Value::Array(items) if !contains_numbers => items.iter().collect(),
-        other => vec![other],
-    };
+    let subprompts = subprompts(prompt);
     if subprompts.is_empty() {
         return Err(TaskError::invalid("\"prompt\" must not be empty"));
     }
@@ -648,6 +642,18 @@ pub fn tokenize_prompts(
         .into_iter()
         .map(|p| tokenize_subprompt(codec, p, add_special, parse_special))
         .collect()
+}
+
+/// The prompts a request's prompt field holds: each item of a list, unless the list holds a
+/// token id (then it is one prompt of ids, or of strings and ids mixed).
+pub fn subprompts(prompt: &Value) -> Vec<&Value> {
+    let contains_numbers = prompt
+        .as_array()
+        .is_some_and(|a| a.iter().any(|e| e.is_i64() || e.is_u64()));
+    match prompt {
+        Value::Array(items) if !contains_numbers => items.iter().collect(),
+        other => vec![other],
+    }
 }
 
 /// One prompt (`tokenize_input_subprompt`): a string, a list of token ids, a list of strings

@@ -928,12 +928,13 @@ impl Scheduler {
         let slot = &mut self.slots[slot_idx];
         let seq = slot.id as SeqId;
         // embeddings and reranking are stateless upstream: evaluated from the start
-        let mut n_shared = if params.cache_prompt && !embd {
+        let reuse = params.cache_prompt && !embd;
+        let mut n_shared = if reuse {
             common_prefix(&slot.cache, &request.tokens)
         } else {
             0
         };
-        if params.cache_prompt && params.n_cache_reuse > 0 {
+        if reuse && params.n_cache_reuse > 0 {
             if self.engine.can_shift() {
                 n_shared = reuse_chunks(
                     self.engine.as_mut(),
@@ -961,9 +962,6 @@ impl Scheduler {
         // At least one prompt token is evaluated, to get logits.
         if n_past == n_tokens && n_past > 0 {
             n_past -= 1;
-        }
-        if embd {
-            n_past = 0;
         }
         if n_past < slot.cache.len() {
             self.engine.seq_rm(seq, n_past as u32, None);
@@ -1393,18 +1391,17 @@ impl Scheduler {
             return;
         };
         rows.chunks_exact(n_embd.max(1)).for_each(|r| pooler.add(r));
-        active.n_prompt_processed = slot.cache.len();
         if slot.cache.len() < active.request.tokens.len() {
             return;
         }
-        let Some(a) = slot.active.take() else {
+        let Some(mut a) = slot.active.take() else {
             return;
         };
         let params = &a.request.params;
         let normalize = (params.kind == TaskKind::Embedding).then_some(params.embd_normalize);
         let rows = a
             .pooler
-            .clone()
+            .take()
             .map(|p| p.finish(normalize))
             .unwrap_or_default();
         log::info!(
